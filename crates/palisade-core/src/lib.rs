@@ -1,0 +1,24 @@
+//! Palisade's shared vocabulary: twin ids, fencing tokens, lease scopes, HLC
+//! timestamps, events, Kafka's partitioner and the on-disk codec.
+//!
+//! Nothing here does I/O; every other crate builds on these types.
+//!
+//! ```
+//! use palisade_core::{partition_for, Scope, TwinId};
+//!
+//! let twin = TwinId::new("device-7").unwrap();
+//! let p = partition_for(&twin, 16);
+//! assert!(Scope::Partition(p).covers(&twin, p));
+//! assert_eq!("partition/3".parse::<Scope>().unwrap(), Scope::Partition(3.into()));
+//! ```
+
+pub mod codec;
+mod event;
+mod hlc;
+mod ids;
+mod partition;
+
+pub use event::{Event, NewEvent, MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
+pub use hlc::{Clock, ClockDrift, Hlc, HlcParseError};
+pub use ids::{FencingToken, IdError, LeaseId, PartitionId, Scope, TwinId, MAX_TWIN_ID_LEN};
+pub use partition::{murmur2, partition_for};
