@@ -1,1 +1,43 @@
-//! placeholder
+//! Palisade's lease authority.
+//!
+//! A lease is a grant on a [`Scope`](palisade_core::Scope) to a named holder
+//! for a TTL, identified by a random [`LeaseId`](palisade_core::LeaseId) and
+//! carrying a [`FencingToken`](palisade_core::FencingToken) drawn from one
+//! durable counter. Two layers:
+//!
+//! - [`LeaseTable`]: the decisions, a pure state machine. Every call takes the
+//!   current monotonic time as [`Millis`]; no disk, no clock, no sleeps.
+//! - [`LeaseAuthority`]: the thin durable shell. It asks the table, persists
+//!   the outcome in a sled tree (token counter and lease records in one atomic
+//!   batch, flushed) and only then returns it.
+//!
+//! Leases only decide *liveness* (who should be writing). Safety comes from
+//! the fence the log checks on every append: a lease holder that was paused
+//! past its TTL still holds a token, and the log refuses it once a later
+//! grant has been seen.
+//!
+//! ```
+//! use palisade_core::{LeaseId, Scope};
+//! use palisade_lease::{AcquireRequest, LeaseTable, Millis};
+//!
+//! let mut table = LeaseTable::default();
+//! let req = |holder: &str| AcquireRequest {
+//!     scope: "twin/device-7".parse::<Scope>().unwrap(),
+//!     holder: holder.into(),
+//!     ttl_ms: 1_000,
+//! };
+//! let a = table.acquire(req("A"), LeaseId(1), Millis(0)).unwrap();
+//! assert!(table.acquire(req("B"), LeaseId(2), Millis(500)).is_err()); // still held
+//! let b = table.acquire(req("B"), LeaseId(2), Millis(1_000)).unwrap(); // A expired
+//! assert!(b.lease.token > a.lease.token);
+//! assert!(table.renew(LeaseId(1), Millis(1_001)).is_err()); // scenario 6
+//! ```
+
+mod authority;
+mod table;
+
+pub use authority::{AuthorityError, LeaseAuthority};
+pub use table::{
+    AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis, MAX_HOLDER_LEN, MAX_TTL_MS,
+    MIN_TTL_MS,
+};
