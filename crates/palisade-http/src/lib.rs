@@ -1,1 +1,55 @@
-//! placeholder
+//! Palisade's HTTP API (axum, JSON, under `/v1`).
+//!
+//! [`router`] builds the routes over a [`Store`](palisade_log::Store);
+//! [`run`] serves them on a listener until a shutdown future completes
+//! (mini-redis style, so tests bind port 0 and stop the server at will).
+//! Errors become status codes in one place, `error.rs`. The contract is
+//! documented in `docs/http-api.md`.
+
+mod error;
+mod routes;
+mod wire;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use palisade_log::Store;
+use tokio::net::TcpListener;
+
+pub use error::ApiError;
+pub use routes::router;
+pub use wire::{EventIn, EventOut, LeaseOut};
+
+/// Limits of the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Largest request body accepted, in bytes (413 past it).
+    pub max_body_bytes: usize,
+    /// Most events in one append request.
+    pub max_batch_events: usize,
+    /// Most events one history page returns.
+    pub max_page: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1 << 20,
+            max_batch_events: 1000,
+            max_page: 1000,
+        }
+    }
+}
+
+/// Serve the API on `listener` until `shutdown` completes, then finish the
+/// requests in flight. The caller closes the store afterwards.
+pub async fn run(
+    listener: TcpListener,
+    store: Arc<Store>,
+    config: HttpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(store, config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -10,6 +10,10 @@ use crate::table::{AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis}
 const COUNTER_KEY: &[u8] = &[0x00];
 /// Prefix of lease records: `0x01 ++ lease_id (u128 big-endian)`.
 const LEASE_PREFIX: u8 = 0x01;
+/// Prefix of the token index: `0x02 ++ token (u64 big-endian)` -> scope.
+/// Kept forever (one small record per grant) so that a refused write can be
+/// told which scope its token was granted on.
+const TOKEN_PREFIX: u8 = 0x02;
 
 /// What is persisted of a lease: everything but its monotonic expiry.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -112,6 +116,10 @@ impl LeaseAuthority {
         if let Some(old) = grant.replaced {
             batch.remove(lease_key(old).to_vec());
         }
+        batch.insert(
+            token_key(grant.lease.token).to_vec(),
+            codec::encode(&grant.lease.scope),
+        );
         if let Err(e) = self.persist(batch) {
             // Undo the grant but keep the counter where it went: the batch
             // may have reached the disk, and a token must never be reused.
@@ -156,6 +164,12 @@ impl LeaseAuthority {
         Ok(gone)
     }
 
+    /// The scope a token was granted on, if this authority issued it.
+    pub fn scope_of_token(&self, token: FencingToken) -> Option<Scope> {
+        let v = self.tree.get(token_key(token)).ok()??;
+        codec::decode(&v).ok()
+    }
+
     pub fn get(&self, id: LeaseId) -> Option<&Lease> {
         self.table.get(id)
     }
@@ -175,6 +189,13 @@ fn lease_key(id: LeaseId) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = LEASE_PREFIX;
     k[1..].copy_from_slice(&id.0.to_be_bytes());
+    k
+}
+
+fn token_key(token: FencingToken) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = TOKEN_PREFIX;
+    k[1..].copy_from_slice(&token.0.to_be_bytes());
     k
 }
 

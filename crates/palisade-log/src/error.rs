@@ -1,0 +1,113 @@
+use palisade_core::codec::CodecError;
+use palisade_core::{ClockDrift, FencingToken, PartitionId, Scope, TwinId};
+use palisade_lease::LeaseError;
+use palisade_twin::PatchError;
+
+/// Why an append was refused. Every refusal leaves the store unchanged: the
+/// whole request is checked before any of it is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    #[error("stale fencing token {token}: a later grant covering this twin has been seen (fence {fence})")]
+    Stale {
+        token: FencingToken,
+        fence: FencingToken,
+    },
+    #[error("fencing token {token} was never issued by this store")]
+    NotIssued { token: FencingToken },
+    #[error("fencing token {token} was granted on {scope}, which does not cover twin {twin:?}")]
+    WrongScope {
+        token: FencingToken,
+        scope: Scope,
+        twin: TwinId,
+    },
+    #[error("If-Match {expected} does not match the twin's current version {current}")]
+    VersionMismatch { expected: u64, current: u64 },
+    #[error(transparent)]
+    ClockDrift(#[from] ClockDrift),
+    #[error("bad patch: {0}")]
+    BadPatch(#[from] PatchError),
+    #[error("bad event: {0}")]
+    BadEvent(String),
+    #[error("storage failed, nothing was acknowledged: {0}")]
+    Storage(String),
+    #[error("the store is shutting down")]
+    Closed,
+}
+
+impl AppendError {
+    /// A short, stable name for metrics and error bodies.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AppendError::Stale { .. } => "stale_token",
+            AppendError::NotIssued { .. } => "token_not_issued",
+            AppendError::WrongScope { .. } => "token_scope_mismatch",
+            AppendError::VersionMismatch { .. } => "version_mismatch",
+            AppendError::ClockDrift(_) => "clock_drift",
+            AppendError::BadPatch(_) => "bad_patch",
+            AppendError::BadEvent(_) => "bad_event",
+            AppendError::Storage(_) => "storage",
+            AppendError::Closed => "closed",
+        }
+    }
+}
+
+/// Why a lease operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseOpError {
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error(
+        "scope {scope} names partition {partition}, but this store has {partitions} partitions"
+    )]
+    UnknownPartition {
+        scope: Scope,
+        partition: PartitionId,
+        partitions: u32,
+    },
+    #[error("lease storage failed: {0}")]
+    Storage(String),
+    #[error("the store is shutting down")]
+    Closed,
+}
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot open the sled database at {path}: {source}. If the process was killed, see docs/operations.md (recovery)")]
+    Sled { path: String, source: sled::Error },
+    #[error("the store at {path} was created with {stored} partitions; it cannot be opened with {requested} (the partition of a twin depends on the count)")]
+    PartitionCount {
+        path: String,
+        stored: u32,
+        requested: u32,
+    },
+    #[error("a store needs between 1 and {max} partitions, got {got}")]
+    BadPartitionCount { got: u32, max: u32 },
+    #[error("the store at {path} has on-disk format {found}; this build reads format {supported}")]
+    Format {
+        path: String,
+        found: u8,
+        supported: u8,
+    },
+    #[error("damaged record in {tree} under key {key:02x?}: {source}")]
+    Damaged {
+        tree: String,
+        key: Vec<u8>,
+        source: CodecError,
+    },
+    #[error("lease authority: {0}")]
+    Lease(#[from] palisade_lease::AuthorityError),
+    #[error("cannot start partition writer thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Why a read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("partition {partition} does not exist; this store has {partitions}")]
+    UnknownPartition { partition: u32, partitions: u32 },
+    #[error("storage failed: {0}")]
+    Storage(#[from] sled::Error),
+    #[error("damaged record under key {key:02x?}: {source}")]
+    Damaged { key: Vec<u8>, source: CodecError },
+}

@@ -1,0 +1,205 @@
+//! Counters and histograms of the store, rendered as Prometheus text.
+//!
+//! Hand-rolled on atomics (about a hundred lines) rather than a metrics
+//! crate: the set is small and fixed, and the hot path is one relaxed add.
+//! See docs/decisions/0004-metrics.md.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the flush-latency histogram buckets.
+const FLUSH_BUCKETS: [f64; 12] = [
+    0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+/// Upper bounds of the batch-size histogram (requests per flush).
+const BATCH_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 512.0];
+
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// Sum in micro-units, so it fits an integer atomic.
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, v: f64) {
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            if v <= *b {
+                c.fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        // Values are seconds or counts, far below u64::MAX micro-units.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.sum_micros.fetch_add((v * 1e6) as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Relaxed));
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+/// The store's metrics. Cheap to update from any thread.
+#[derive(Debug)]
+pub struct Metrics {
+    pub(crate) append_requests: AtomicU64,
+    pub(crate) events_appended: AtomicU64,
+    pub(crate) events_deduplicated: AtomicU64,
+    pub(crate) lease_grants: AtomicU64,
+    pub(crate) lease_renewals: AtomicU64,
+    pub(crate) lease_releases: AtomicU64,
+    pub(crate) lease_expiries: AtomicU64,
+    rejections: Mutex<BTreeMap<&'static str, u64>>,
+    lease_refusals: Mutex<BTreeMap<&'static str, u64>>,
+    flush_seconds: Histogram,
+    batch_requests: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            append_requests: AtomicU64::new(0),
+            events_appended: AtomicU64::new(0),
+            events_deduplicated: AtomicU64::new(0),
+            lease_grants: AtomicU64::new(0),
+            lease_renewals: AtomicU64::new(0),
+            lease_releases: AtomicU64::new(0),
+            lease_expiries: AtomicU64::new(0),
+            rejections: Mutex::new(BTreeMap::new()),
+            lease_refusals: Mutex::new(BTreeMap::new()),
+            flush_seconds: Histogram::new(&FLUSH_BUCKETS),
+            batch_requests: Histogram::new(&BATCH_BUCKETS),
+        }
+    }
+}
+
+fn bump(map: &Mutex<BTreeMap<&'static str, u64>>, reason: &'static str) {
+    if let Ok(mut m) = map.lock() {
+        *m.entry(reason).or_default() += 1;
+    }
+}
+
+impl Metrics {
+    pub(crate) fn rejected(&self, reason: &'static str) {
+        bump(&self.rejections, reason);
+    }
+
+    pub(crate) fn lease_refused(&self, reason: &'static str) {
+        bump(&self.lease_refusals, reason);
+    }
+
+    pub(crate) fn flushed(&self, took: Duration, requests: usize) {
+        self.flush_seconds.observe(took.as_secs_f64());
+        #[allow(clippy::cast_precision_loss)]
+        self.batch_requests.observe(requests as f64);
+    }
+
+    /// Count of appends refused for `reason` (see `AppendError::reason`).
+    pub fn rejections(&self, reason: &str) -> u64 {
+        self.rejections
+            .lock()
+            .map(|m| m.get(reason).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    /// Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let counters: [(&str, &str, &AtomicU64); 7] = [
+            (
+                "palisade_append_requests_total",
+                "Append requests acknowledged (durable).",
+                &self.append_requests,
+            ),
+            (
+                "palisade_events_appended_total",
+                "Events appended to the log.",
+                &self.events_appended,
+            ),
+            (
+                "palisade_events_deduplicated_total",
+                "Events acknowledged again by event id without a new append.",
+                &self.events_deduplicated,
+            ),
+            (
+                "palisade_lease_grants_total",
+                "Leases granted.",
+                &self.lease_grants,
+            ),
+            (
+                "palisade_lease_renewals_total",
+                "Leases renewed.",
+                &self.lease_renewals,
+            ),
+            (
+                "palisade_lease_releases_total",
+                "Leases released.",
+                &self.lease_releases,
+            ),
+            (
+                "palisade_lease_expiries_total",
+                "Expired leases swept.",
+                &self.lease_expiries,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
+        for (name, help, map) in [
+            (
+                "palisade_append_rejections_total",
+                "Append requests refused, by reason.",
+                &self.rejections,
+            ),
+            (
+                "palisade_lease_refusals_total",
+                "Lease requests refused, by reason.",
+                &self.lease_refusals,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            if let Ok(m) = map.lock() {
+                for (reason, n) in m.iter() {
+                    let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+                }
+            }
+        }
+        self.flush_seconds.render(
+            &mut out,
+            "palisade_flush_seconds",
+            "Time to apply and flush one group-commit batch.",
+        );
+        self.batch_requests.render(
+            &mut out,
+            "palisade_flush_batch_requests",
+            "Requests committed by one flush.",
+        );
+        out
+    }
+}

@@ -1,0 +1,251 @@
+//! Reads: twin state (current or as of a sequence number or HLC time), twin
+//! history, partition tails and partition summaries. Reads go straight to
+//! sled; they never pass through a writer.
+
+use std::collections::BTreeMap;
+
+use palisade_core::{codec, Event, FencingToken, Hlc, PartitionId, Scope, TwinId};
+use palisade_lease::Lease;
+use palisade_twin::TwinState;
+
+use crate::error::ReadError;
+use crate::keys;
+use crate::records::{PartitionMeta, Snapshot, TwinRecord};
+use crate::Store;
+
+/// Which state of a twin to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsOf {
+    Latest,
+    /// After the twin's events with sequence numbers up to this one.
+    Seq(u64),
+    /// After the twin's events whose HLC is at or before this time.
+    Hlc(Hlc),
+}
+
+/// A twin's state as read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TwinView {
+    pub twin_id: TwinId,
+    pub partition: PartitionId,
+    /// Sequence number of the latest event included.
+    pub version: u64,
+    /// The twin's current fence (always the latest, also for time travel).
+    pub fence: FencingToken,
+    pub state: serde_json::Value,
+    /// Per leaf: the JSON Pointer and the HLC of the write that set it.
+    pub field_hlcs: BTreeMap<String, Hlc>,
+}
+
+/// A partition's summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub partition: PartitionId,
+    pub fence: FencingToken,
+    /// Sequence number of the latest event (0: empty).
+    pub head: u64,
+    /// The live partition-scoped lease, if any.
+    pub owner: Option<Lease>,
+}
+
+fn damaged(key: &[u8], source: codec::CodecError) -> ReadError {
+    ReadError::Damaged {
+        key: key.to_vec(),
+        source,
+    }
+}
+
+fn get_decoded<T: bincode::Decode<()>>(
+    tree: &sled::Tree,
+    key: &[u8],
+) -> Result<Option<T>, ReadError> {
+    match tree.get(key)? {
+        Some(v) => codec::decode(&v).map(Some).map_err(|e| damaged(key, e)),
+        None => Ok(None),
+    }
+}
+
+impl Store {
+    fn tree(&self, p: PartitionId) -> Result<&sled::Tree, ReadError> {
+        self.trees
+            .get(p.0 as usize)
+            .ok_or(ReadError::UnknownPartition {
+                partition: p.0,
+                partitions: self.partitions,
+            })
+    }
+
+    /// A twin's state; `None` if the twin has no events (as of `at`).
+    pub fn twin(&self, twin: &TwinId, at: AsOf) -> Result<Option<TwinView>, ReadError> {
+        let partition = self.partition_of(twin);
+        let tree = self.tree(partition)?;
+        let Some(rec) = get_decoded::<TwinRecord>(tree, &keys::twin(twin))? else {
+            return Ok(None);
+        };
+        if rec.version == 0 {
+            return Ok(None);
+        }
+        let (version, state) = match at {
+            AsOf::Latest => (rec.version, rec.state),
+            AsOf::Seq(s) if s >= rec.version => (rec.version, rec.state),
+            AsOf::Seq(s) => self.state_at_seq(tree, twin, s)?,
+            AsOf::Hlc(h) => self.state_at_hlc(tree, twin, h)?,
+        };
+        if version == 0 {
+            return Ok(None);
+        }
+        Ok(Some(TwinView {
+            twin_id: twin.clone(),
+            partition,
+            version,
+            fence: FencingToken(rec.fence),
+            field_hlcs: state.field_hlcs(),
+            state: state.to_json(),
+        }))
+    }
+
+    /// Latest snapshot at or before `seq`, then the twin's later events up to `seq`.
+    fn state_at_seq(
+        &self,
+        tree: &sled::Tree,
+        twin: &TwinId,
+        seq: u64,
+    ) -> Result<(u64, TwinState), ReadError> {
+        let (mut version, mut state) = (0, TwinState::new());
+        if let Some(kv) = tree
+            .range(keys::snapshot_prefix(twin)..=keys::snapshot(twin, seq))
+            .next_back()
+        {
+            let (k, v) = kv?;
+            let snap: Snapshot = codec::decode(&v).map_err(|e| damaged(&k, e))?;
+            version = keys::trailing_seq(&k).unwrap_or(0);
+            state = snap.state;
+        }
+        for ev in self.twin_history(tree, twin, version, seq)? {
+            let ev = ev?;
+            apply_event(&mut state, &ev)?;
+            version = ev.seq;
+        }
+        Ok((version, state))
+    }
+
+    /// Latest snapshot whose events are all at or before `at`, then every
+    /// later event of the twin that is at or before `at` (late arrivals
+    /// included: HLC order, not arrival order, decides).
+    fn state_at_hlc(
+        &self,
+        tree: &sled::Tree,
+        twin: &TwinId,
+        at: Hlc,
+    ) -> Result<(u64, TwinState), ReadError> {
+        let (mut version, mut state, mut from) = (0, TwinState::new(), 0);
+        for kv in tree.scan_prefix(keys::snapshot_prefix(twin)).rev() {
+            let (k, v) = kv?;
+            let snap: Snapshot = codec::decode(&v).map_err(|e| damaged(&k, e))?;
+            if snap.max_hlc.is_none_or(|m| m <= at) {
+                from = keys::trailing_seq(&k).unwrap_or(0);
+                version = from;
+                state = snap.state;
+                break;
+            }
+        }
+        for ev in self.twin_history(tree, twin, from, u64::MAX)? {
+            let ev = ev?;
+            if ev.hlc <= at {
+                apply_event(&mut state, &ev)?;
+                version = version.max(ev.seq);
+            }
+        }
+        Ok((version, state))
+    }
+
+    /// The twin's events with `after < seq <= upto`, in sequence order.
+    fn twin_history<'a>(
+        &self,
+        tree: &'a sled::Tree,
+        twin: &TwinId,
+        after: u64,
+        upto: u64,
+    ) -> Result<impl Iterator<Item = Result<Event, ReadError>> + 'a, ReadError> {
+        let start = keys::history(twin, after.saturating_add(1));
+        let end = keys::history(twin, upto);
+        let empty = after >= upto;
+        Ok(tree
+            .range(start..=end)
+            .take_while(move |_| !empty)
+            .map(move |kv| {
+                let (k, _) = kv?;
+                let seq = keys::trailing_seq(&k).unwrap_or(0);
+                let key = keys::event(seq);
+                get_decoded::<Event>(tree, &key)?
+                    .ok_or_else(|| damaged(&key, codec::CodecError::Empty))
+            }))
+    }
+
+    /// Up to `limit` events of a twin with sequence numbers after `after`.
+    pub fn twin_events(
+        &self,
+        twin: &TwinId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, ReadError> {
+        let tree = self.tree(self.partition_of(twin))?;
+        self.twin_history(tree, twin, after, u64::MAX)?
+            .take(limit)
+            .collect()
+    }
+
+    /// Up to `limit` events of a partition with sequence numbers after `after`.
+    pub fn partition_events(
+        &self,
+        p: PartitionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, ReadError> {
+        let tree = self.tree(p)?;
+        if after == u64::MAX {
+            return Ok(Vec::new());
+        }
+        tree.range(keys::event(after + 1)..=keys::event(u64::MAX))
+            .take(limit)
+            .map(|kv| {
+                let (k, v) = kv?;
+                codec::decode(&v).map_err(|e| damaged(&k, e))
+            })
+            .collect()
+    }
+
+    /// Every partition's fence, head and owner.
+    pub fn partition_infos(&self) -> Result<Vec<PartitionInfo>, ReadError> {
+        let mut out = Vec::with_capacity(self.trees.len());
+        for (i, tree) in self.trees.iter().enumerate() {
+            let p = PartitionId(u32::try_from(i).unwrap_or(u32::MAX));
+            let meta: PartitionMeta = get_decoded(tree, &keys::META_KEY)?.unwrap_or_default();
+            out.push(PartitionInfo {
+                partition: p,
+                fence: meta.fence(),
+                head: meta.head,
+                owner: self.lease_holder(&Scope::Partition(p)),
+            });
+        }
+        Ok(out)
+    }
+
+    /// A twin's current fence (0 if no grant or write has touched it).
+    pub fn twin_fence(&self, twin: &TwinId) -> Result<FencingToken, ReadError> {
+        let tree = self.tree(self.partition_of(twin))?;
+        Ok(FencingToken(
+            get_decoded::<TwinRecord>(tree, &keys::twin(twin))?.map_or(0, |r| r.fence),
+        ))
+    }
+}
+
+fn apply_event(state: &mut TwinState, ev: &Event) -> Result<(), ReadError> {
+    let key = keys::event(ev.seq);
+    let patch = ev
+        .patch_json()
+        .map_err(|e| damaged(&key, codec::CodecError::TrailingBytes { extra: e.column() }))?;
+    state
+        .apply(&patch, ev.hlc)
+        .map_err(|_| damaged(&key, codec::CodecError::Empty))
+}

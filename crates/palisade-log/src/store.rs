@@ -1,0 +1,386 @@
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use palisade_core::{codec, Clock, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
+use palisade_lease::{AcquireRequest, AuthorityError, Lease, LeaseAuthority};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, instrument, warn};
+
+use crate::error::{AppendError, LeaseOpError, OpenError};
+use crate::writer::{AppendCmd, Command, Shared, Writer};
+use crate::{Appended, Metrics};
+
+pub const DEFAULT_PARTITIONS: u32 = 16;
+/// Upper bound on partitions: each has a writer thread.
+pub const MAX_PARTITIONS: u32 = 1024;
+/// Requests that may wait in one partition's queue before senders wait.
+const QUEUE_DEPTH: usize = 4096;
+
+/// Settings of a store. `partitions` only matters when the store is created.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Partition count for a new store; `None` takes the stored count (or
+    /// [`DEFAULT_PARTITIONS`] for a new store). Reopening with a different
+    /// count is refused.
+    pub partitions: Option<u32>,
+    /// How far ahead of the store's clock a writer's HLC may be.
+    pub max_drift: Duration,
+    /// A twin's state is snapshotted every this many of its events, bounding
+    /// the replay of a time-travel query.
+    pub snapshot_every: u64,
+    /// sled page-cache size in bytes.
+    pub cache_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            partitions: None,
+            max_drift: Duration::from_millis(500),
+            snapshot_every: 64,
+            cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The store: partitions, their writers, and the lease authority.
+#[derive(Debug)]
+pub struct Store {
+    pub(crate) db: sled::Db,
+    pub(crate) partitions: u32,
+    pub(crate) trees: Vec<sled::Tree>,
+    writers: Vec<mpsc::Sender<Command>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) authority: Arc<Mutex<LeaseAuthority>>,
+    last_token: Arc<AtomicU64>,
+    clock: Arc<Clock>,
+    metrics: Arc<Metrics>,
+}
+
+const FORMAT_KEY: &[u8] = b"format";
+const PARTITIONS_KEY: &[u8] = b"partitions";
+
+impl Store {
+    /// Open the store in `path`, creating it if the folder holds none.
+    pub fn open(path: &Path, config: StoreConfig) -> Result<Self, OpenError> {
+        let shown = path.display().to_string();
+        let sled_err = |source| OpenError::Sled {
+            path: shown.clone(),
+            source,
+        };
+        if let Some(n) = config.partitions {
+            if n == 0 || n > MAX_PARTITIONS {
+                return Err(OpenError::BadPartitionCount {
+                    got: n,
+                    max: MAX_PARTITIONS,
+                });
+            }
+        }
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(config.cache_bytes)
+            .open()
+            .map_err(sled_err)?;
+        let meta = db.open_tree("meta").map_err(sled_err)?;
+        let partitions = match (
+            meta.get(PARTITIONS_KEY).map_err(sled_err)?,
+            meta.get(FORMAT_KEY).map_err(sled_err)?,
+        ) {
+            (Some(n), Some(f)) => {
+                let found = f.first().copied().unwrap_or(0);
+                if found != codec::FORMAT_VERSION {
+                    return Err(OpenError::Format {
+                        path: shown,
+                        found,
+                        supported: codec::FORMAT_VERSION,
+                    });
+                }
+                let stored = <[u8; 4]>::try_from(n.as_ref())
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| OpenError::Damaged {
+                        tree: "meta".into(),
+                        key: PARTITIONS_KEY.to_vec(),
+                        source: codec::CodecError::Empty,
+                    })?;
+                if let Some(requested) = config.partitions.filter(|r| *r != stored) {
+                    return Err(OpenError::PartitionCount {
+                        path: shown,
+                        stored,
+                        requested,
+                    });
+                }
+                stored
+            }
+            _ => {
+                let n = config.partitions.unwrap_or(DEFAULT_PARTITIONS);
+                let mut b = sled::Batch::default();
+                b.insert(FORMAT_KEY, &[codec::FORMAT_VERSION][..]);
+                b.insert(PARTITIONS_KEY, &n.to_be_bytes()[..]);
+                meta.apply_batch(b).map_err(sled_err)?;
+                meta.flush().map_err(sled_err)?;
+                info!(path = %shown, partitions = n, "created a new store");
+                n
+            }
+        };
+        let authority = LeaseAuthority::open(db.open_tree("leases").map_err(sled_err)?)?;
+        let last_token = Arc::new(AtomicU64::new(authority.last_token().0));
+        let clock = Arc::new(Clock::new(config.max_drift));
+        let metrics = Arc::new(Metrics::default());
+        let shared = Arc::new(Shared {
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            snapshot_every: config.snapshot_every.max(1),
+        });
+        let mut trees = Vec::with_capacity(partitions as usize);
+        let mut writers = Vec::with_capacity(partitions as usize);
+        let mut threads = Vec::with_capacity(partitions as usize);
+        for p in 0..partitions {
+            let tree = db
+                .open_tree(format!("partition/{p:05}"))
+                .map_err(sled_err)?;
+            let writer = Writer::load(PartitionId(p), tree.clone(), shared.clone())?;
+            let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+            let handle = std::thread::Builder::new()
+                .name(format!("palisade-p{p}"))
+                .spawn(move || writer.run(rx))
+                .map_err(OpenError::Thread)?;
+            trees.push(tree);
+            writers.push(tx);
+            threads.push(handle);
+        }
+        Ok(Self {
+            db,
+            partitions,
+            trees,
+            writers,
+            threads: Mutex::new(threads),
+            authority: Arc::new(Mutex::new(authority)),
+            last_token,
+            clock,
+            metrics,
+        })
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    pub fn partition_of(&self, twin: &TwinId) -> PartitionId {
+        palisade_core::partition_for(twin, self.partitions)
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The last fencing token handed out.
+    pub fn last_token(&self) -> FencingToken {
+        FencingToken(self.last_token.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn authority(&self) -> MutexGuard<'_, LeaseAuthority> {
+        // A panic while holding the lock cannot leave the table half-updated
+        // in a way that matters for safety (the fence lives in the log), so a
+        // poisoned lock is taken over rather than propagated.
+        self.authority
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Acquire a lease: the authority decides and persists the grant, then the
+    /// partition writer that enforces the scope raises its fence. The lease is
+    /// returned only after both are durable, so a paused former holder is
+    /// refused even before the new holder's first write.
+    #[instrument(skip_all, fields(scope = %req.scope, holder = %req.holder))]
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Lease, LeaseOpError> {
+        if let Scope::Partition(p) = &req.scope {
+            if p.0 >= self.partitions {
+                self.metrics.lease_refused("unknown_partition");
+                return Err(LeaseOpError::UnknownPartition {
+                    scope: req.scope.clone(),
+                    partition: *p,
+                    partitions: self.partitions,
+                });
+            }
+        }
+        let id = LeaseId(uuid::Uuid::new_v4().as_u128());
+        let auth = self.authority.clone();
+        let grant = tokio::task::spawn_blocking(move || {
+            auth.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .acquire(req, id)
+        })
+        .await
+        .map_err(|e| LeaseOpError::Storage(e.to_string()))?
+        .map_err(|e| self.lease_failure(e))?;
+        let lease = grant.lease;
+        self.last_token.fetch_max(lease.token.0, Ordering::SeqCst);
+        let p = lease.scope.partition(self.partitions);
+        let (reply, rx) = oneshot::channel();
+        self.writer(p)
+            .send(Command::Grant {
+                token: lease.token,
+                scope: lease.scope.clone(),
+                holder: lease.holder.clone(),
+                reply,
+            })
+            .await
+            .map_err(|_| LeaseOpError::Closed)?;
+        rx.await.map_err(|_| LeaseOpError::Closed)?.map_err(|e| {
+            // The grant is on disk but its fence is not: nobody got the
+            // token, so nobody can write with it. The scope stays taken
+            // until the lease expires.
+            warn!(error = %e, "fence raise failed after a grant");
+            LeaseOpError::Storage(e)
+        })?;
+        self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
+        Ok(lease)
+    }
+
+    pub async fn renew(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
+        let r = self
+            .authority()
+            .renew(id)
+            .map_err(|e| self.lease_failure(e))?;
+        self.metrics.lease_renewals.fetch_add(1, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    pub async fn release(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
+        let auth = self.authority.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            auth.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .release(id)
+        })
+        .await
+        .map_err(|e| LeaseOpError::Storage(e.to_string()))?
+        .map_err(|e| self.lease_failure(e))?;
+        self.metrics.lease_releases.fetch_add(1, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// Retire expired leases (and delete their records). The server calls
+    /// this periodically; expiry itself needs no sweep to take effect.
+    pub async fn sweep_leases(&self) -> Result<usize, LeaseOpError> {
+        let auth = self.authority.clone();
+        let gone = tokio::task::spawn_blocking(move || {
+            auth.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .sweep()
+        })
+        .await
+        .map_err(|e| LeaseOpError::Storage(e.to_string()))?
+        .map_err(|e| self.lease_failure(e))?;
+        self.metrics
+            .lease_expiries
+            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+        Ok(gone.len())
+    }
+
+    /// Milliseconds until `lease` expires, by the authority's monotonic clock.
+    pub fn lease_expires_in(&self, lease: &Lease) -> u64 {
+        lease.expires_in_ms(self.authority().now())
+    }
+
+    /// The live lease on `scope`, if any.
+    pub fn lease_holder(&self, scope: &Scope) -> Option<Lease> {
+        self.authority().holder_of(scope).cloned()
+    }
+
+    fn lease_failure(&self, e: AuthorityError) -> LeaseOpError {
+        match e {
+            AuthorityError::Lease(e) => {
+                self.metrics.lease_refused(match &e {
+                    palisade_lease::LeaseError::Held { .. } => "held",
+                    palisade_lease::LeaseError::Expired(_) => "expired",
+                    palisade_lease::LeaseError::Superseded { .. } => "superseded",
+                    palisade_lease::LeaseError::Released(_) => "released",
+                    palisade_lease::LeaseError::Unknown(_) => "unknown",
+                    _ => "bad_request",
+                });
+                LeaseOpError::Lease(e)
+            }
+            other => LeaseOpError::Storage(other.to_string()),
+        }
+    }
+
+    fn writer(&self, p: PartitionId) -> &mpsc::Sender<Command> {
+        &self.writers[p.0 as usize % self.writers.len()]
+    }
+
+    /// Append events to one twin under a fencing token. Accepted iff the
+    /// token was granted on a scope covering the twin and
+    /// `token >= fence(twin)` and `token >= fence(partition)`; with
+    /// `if_match`, also iff the twin's version equals it. All or nothing,
+    /// acknowledged once durable.
+    #[instrument(skip_all, fields(twin = %twin, token = token.0))]
+    pub async fn append(
+        &self,
+        twin: TwinId,
+        token: FencingToken,
+        events: Vec<NewEvent>,
+        if_match: Option<u64>,
+    ) -> Result<Appended, AppendError> {
+        let p = self.partition_of(&twin);
+        let twin_for_error = twin.clone();
+        let (reply, rx) = oneshot::channel();
+        self.writer(p)
+            .send(Command::Append(AppendCmd {
+                twin,
+                token,
+                events,
+                if_match,
+                reply,
+            }))
+            .await
+            .map_err(|_| AppendError::Closed)?;
+        match rx.await.map_err(|_| AppendError::Closed)? {
+            Err(AppendError::NotIssued { token }) if token.0 != 0 && token <= self.last_token() => {
+                // Issued, but not for a scope this twin's partition enforces.
+                let scope = self.authority().scope_of_token(token);
+                self.metrics.rejected("token_scope_mismatch");
+                match scope {
+                    Some(scope) => Err(AppendError::WrongScope {
+                        token,
+                        scope,
+                        twin: twin_for_error,
+                    }),
+                    // Drawn from the counter but its grant never completed
+                    // (e.g. a crash between the two steps of `acquire`).
+                    None => Err(AppendError::NotIssued { token }),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Stop the writers after they commit what is queued, and flush.
+    pub async fn close(&self) {
+        for w in &self.writers {
+            let _ = w.send(Command::Stop).await;
+        }
+        let handles: Vec<_> = std::mem::take(
+            &mut *self
+                .threads
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let _ = tokio::task::spawn_blocking(move || {
+            for h in handles {
+                let _ = h.join();
+            }
+        })
+        .await;
+        if let Err(e) = self.db.flush_async().await {
+            warn!(error = %e, "final flush failed");
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! The partition writer: one thread per partition, the only code that writes
+//! the partition's tree. It drains its queue, checks every request against
+//! the fences in order, and commits the whole batch with one `apply_batch` and
+//! one `flush` (group commit). Replies go out only after the flush.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use palisade_core::{codec, Clock, Event, FencingToken, NewEvent, PartitionId, Scope, TwinId};
+use palisade_core::{MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
+use palisade_twin::TwinState;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error};
+
+use crate::error::{AppendError, OpenError};
+use crate::keys;
+use crate::records::{PartitionMeta, Snapshot, TokenGrant, TwinRecord};
+use crate::Metrics;
+
+/// Most requests folded into one group commit.
+const MAX_BATCH: usize = 1024;
+/// Twin records kept decoded in memory per partition; past this the cache is
+/// dropped wholesale (cheap, and the writer reloads from sled).
+const CACHE_MAX: usize = 16_384;
+
+/// An acknowledged append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    pub partition: PartitionId,
+    /// The sequence number of each event of the request, in order. A
+    /// duplicate event id gets the sequence number it was first stored under.
+    pub seqs: Vec<u64>,
+    /// How many of the events were duplicates, acknowledged without a new append.
+    pub duplicates: usize,
+    /// fence(k) after the append.
+    pub fence: FencingToken,
+    /// The twin's version (sequence number of its latest event) after the append.
+    pub version: u64,
+}
+
+pub(crate) struct AppendCmd {
+    pub twin: TwinId,
+    pub token: FencingToken,
+    pub events: Vec<NewEvent>,
+    pub if_match: Option<u64>,
+    pub reply: oneshot::Sender<Result<Appended, AppendError>>,
+}
+
+pub(crate) enum Command {
+    Append(AppendCmd),
+    /// Register a lease grant whose scope this partition enforces, and raise
+    /// the scope's fence to its token.
+    Grant {
+        token: FencingToken,
+        scope: Scope,
+        holder: String,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Finish everything queued before, then stop.
+    Stop,
+}
+
+/// What the writers of one store share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub clock: Arc<Clock>,
+    pub metrics: Arc<Metrics>,
+    pub snapshot_every: u64,
+}
+
+pub(crate) struct Writer {
+    partition: PartitionId,
+    tree: sled::Tree,
+    meta: PartitionMeta,
+    grants: HashMap<u64, TokenGrant>,
+    cache: HashMap<TwinId, TwinRecord>,
+    shared: Arc<Shared>,
+}
+
+/// Changes of the batch being built, visible to later requests in it.
+#[derive(Default)]
+struct Pending {
+    batch: sled::Batch,
+    dirty: HashMap<TwinId, TwinRecord>,
+    dedupe: HashMap<Vec<u8>, u64>,
+    grants_added: Vec<u64>,
+}
+
+enum Reply {
+    Append(
+        oneshot::Sender<Result<Appended, AppendError>>,
+        Result<Appended, AppendError>,
+    ),
+    Grant(oneshot::Sender<Result<(), String>>),
+}
+
+impl Writer {
+    pub fn load(
+        partition: PartitionId,
+        tree: sled::Tree,
+        shared: Arc<Shared>,
+    ) -> Result<Self, OpenError> {
+        let damaged = |key: &[u8], source| OpenError::Damaged {
+            tree: String::from_utf8_lossy(&tree.name()).into_owned(),
+            key: key.to_vec(),
+            source,
+        };
+        let sled_err = |source| OpenError::Sled {
+            path: String::from_utf8_lossy(&tree.name()).into_owned(),
+            source,
+        };
+        let meta = match tree.get(keys::META_KEY).map_err(sled_err)? {
+            Some(v) => codec::decode(&v).map_err(|e| damaged(&keys::META_KEY, e))?,
+            None => PartitionMeta::default(),
+        };
+        let mut grants = HashMap::new();
+        for kv in tree.scan_prefix([keys::GRANT]) {
+            let (k, v) = kv.map_err(sled_err)?;
+            let token =
+                keys::seq_of_event_key(&k).ok_or_else(|| damaged(&k, codec::CodecError::Empty))?;
+            grants.insert(token, codec::decode(&v).map_err(|e| damaged(&k, e))?);
+        }
+        Ok(Self {
+            partition,
+            tree,
+            meta,
+            grants,
+            cache: HashMap::new(),
+            shared,
+        })
+    }
+
+    pub fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        let mut stop = false;
+        while !stop {
+            let Some(first) = rx.blocking_recv() else {
+                break;
+            };
+            let mut cmds = vec![first];
+            while cmds.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(c) => cmds.push(c),
+                    Err(_) => break,
+                }
+            }
+            if let Some(i) = cmds.iter().position(|c| matches!(c, Command::Stop)) {
+                // Everything after a Stop was sent by a caller racing the
+                // shutdown: it is dropped, and its caller sees `Closed`.
+                cmds.truncate(i);
+                stop = true;
+            }
+            if !cmds.is_empty() {
+                self.commit(cmds);
+            }
+        }
+        if let Err(e) = self.tree.flush() {
+            error!(partition = %self.partition, error = %e, "final flush failed");
+        }
+    }
+
+    fn commit(&mut self, cmds: Vec<Command>) {
+        let meta_before = self.meta;
+        let mut pending = Pending::default();
+        let mut replies = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            match cmd {
+                Command::Append(a) => {
+                    let r = self.append(&a, &mut pending);
+                    replies.push(Reply::Append(a.reply, r));
+                }
+                Command::Grant {
+                    token,
+                    scope,
+                    holder,
+                    reply,
+                } => match self.grant(token, scope, holder, &mut pending) {
+                    Ok(()) => replies.push(Reply::Grant(reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e.to_string()));
+                    }
+                },
+                Command::Stop => {}
+            }
+        }
+        let Pending {
+            mut batch,
+            dirty,
+            grants_added,
+            ..
+        } = pending;
+        for (twin, rec) in &dirty {
+            batch.insert(keys::twin(twin), codec::encode(rec));
+        }
+        if self.meta != meta_before {
+            batch.insert(&keys::META_KEY[..], codec::encode(&self.meta));
+        }
+        let started = Instant::now();
+        let written = self
+            .tree
+            .apply_batch(batch)
+            .and_then(|()| self.tree.flush().map(drop));
+        self.shared
+            .metrics
+            .flushed(started.elapsed(), replies.len());
+        match written {
+            Ok(()) => {
+                if self.cache.len() + dirty.len() > CACHE_MAX {
+                    self.cache.clear();
+                }
+                self.cache.extend(dirty);
+                for r in replies {
+                    match r {
+                        Reply::Append(tx, res) => {
+                            if let Ok(a) = &res {
+                                let m = &self.shared.metrics;
+                                m.append_requests.fetch_add(1, Ordering::Relaxed);
+                                m.events_appended.fetch_add(
+                                    (a.seqs.len() - a.duplicates) as u64,
+                                    Ordering::Relaxed,
+                                );
+                                m.events_deduplicated
+                                    .fetch_add(a.duplicates as u64, Ordering::Relaxed);
+                            }
+                            let _ = tx.send(res);
+                        }
+                        Reply::Grant(tx) => {
+                            let _ = tx.send(Ok(()));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                // Nothing of this batch is acknowledged. The in-memory view
+                // goes back to what it was; the cache is dropped because a
+                // partially applied batch cannot happen in sled, but a failed
+                // flush leaves us unsure what reached the disk.
+                error!(partition = %self.partition, error = %e, "group commit failed");
+                self.meta = meta_before;
+                for t in grants_added {
+                    self.grants.remove(&t);
+                }
+                self.cache.clear();
+                let msg = e.to_string();
+                for r in replies {
+                    match r {
+                        Reply::Append(tx, res) => {
+                            let _ = tx.send(res.and(Err(AppendError::Storage(msg.clone()))));
+                        }
+                        Reply::Grant(tx) => {
+                            let _ = tx.send(Err(msg.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, twin: &TwinId, pending: &Pending) -> Result<TwinRecord, AppendError> {
+        if let Some(r) = pending.dirty.get(twin).or_else(|| self.cache.get(twin)) {
+            return Ok(r.clone());
+        }
+        match self.tree.get(keys::twin(twin)) {
+            Ok(Some(v)) => codec::decode(&v)
+                .map_err(|e| AppendError::Storage(format!("damaged twin record of {twin:?}: {e}"))),
+            Ok(None) => Ok(TwinRecord::default()),
+            Err(e) => Err(AppendError::Storage(e.to_string())),
+        }
+    }
+
+    fn grant(
+        &mut self,
+        token: FencingToken,
+        scope: Scope,
+        holder: String,
+        pending: &mut Pending,
+    ) -> Result<(), AppendError> {
+        match &scope {
+            Scope::Partition(_) => self.meta.fence = self.meta.fence.max(token.0),
+            Scope::Twin(twin) => {
+                let mut rec = self.record(twin, pending)?;
+                rec.fence = rec.fence.max(token.0);
+                pending.dirty.insert(twin.clone(), rec);
+            }
+        }
+        let g = TokenGrant { scope, holder };
+        pending
+            .batch
+            .insert(&keys::grant(token.0)[..], codec::encode(&g));
+        self.grants.insert(token.0, g);
+        pending.grants_added.push(token.0);
+        debug!(partition = %self.partition, token = token.0, "fence raised by grant");
+        Ok(())
+    }
+
+    /// Check one append request and stage it. Everything is checked before
+    /// anything is staged, so a refused request leaves no trace.
+    fn append(&mut self, cmd: &AppendCmd, pending: &mut Pending) -> Result<Appended, AppendError> {
+        let r = self.try_append(cmd, pending);
+        if let Err(e) = &r {
+            self.shared.metrics.rejected(e.reason());
+        }
+        r
+    }
+
+    fn try_append(
+        &mut self,
+        cmd: &AppendCmd,
+        pending: &mut Pending,
+    ) -> Result<Appended, AppendError> {
+        let t = cmd.token;
+        let Some(grant) = self.grants.get(&t.0) else {
+            // Not granted for this partition. The store refines this into
+            // WrongScope when the token was issued for another scope.
+            return Err(AppendError::NotIssued { token: t });
+        };
+        if !grant.scope.covers(&cmd.twin, self.partition) {
+            return Err(AppendError::WrongScope {
+                token: t,
+                scope: grant.scope.clone(),
+                twin: cmd.twin.clone(),
+            });
+        }
+        let holder = grant.holder.clone();
+        let partition_scoped = matches!(grant.scope, Scope::Partition(_));
+        let mut rec = self.record(&cmd.twin, pending)?;
+        let fence = rec.fence.max(self.meta.fence);
+        if t.0 < fence {
+            return Err(AppendError::Stale {
+                token: t,
+                fence: FencingToken(fence),
+            });
+        }
+        if let Some(expected) = cmd.if_match {
+            if expected != rec.version {
+                return Err(AppendError::VersionMismatch {
+                    expected,
+                    current: rec.version,
+                });
+            }
+        }
+        for e in &cmd.events {
+            if e.event_id.is_empty() || e.event_id.len() > MAX_EVENT_ID_LEN {
+                return Err(AppendError::BadEvent(format!(
+                    "event_id must be 1 to {MAX_EVENT_ID_LEN} bytes"
+                )));
+            }
+            if e.event_type.is_empty() || e.event_type.len() > MAX_EVENT_TYPE_LEN {
+                return Err(AppendError::BadEvent(format!(
+                    "type must be 1 to {MAX_EVENT_TYPE_LEN} bytes"
+                )));
+            }
+            TwinState::validate(&e.patch)?;
+        }
+        for e in &cmd.events {
+            if let Some(h) = e.hlc {
+                self.shared.clock.observe(h)?;
+            }
+        }
+
+        // All checks passed: stage the events. Nothing below can fail.
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        let mut seqs = Vec::with_capacity(cmd.events.len());
+        let mut duplicates = 0;
+        for e in &cmd.events {
+            let dkey = keys::dedupe(&cmd.twin, &e.event_id);
+            let seen = match pending.dedupe.get(&dkey) {
+                Some(s) => Some(*s),
+                None => self
+                    .tree
+                    .get(&dkey)
+                    .map_err(|e| AppendError::Storage(e.to_string()))?
+                    .and_then(|v| keys::trailing_seq(&v)),
+            };
+            if let Some(seq) = seen {
+                seqs.push(seq);
+                duplicates += 1;
+                continue;
+            }
+            let seq = self.meta.head + 1;
+            self.meta.head = seq;
+            let hlc = e.hlc.unwrap_or_else(|| self.shared.clock.now());
+            // Validated above; a failure here would be a bug in validate.
+            if let Err(err) = rec.state.apply(&e.patch, hlc) {
+                error!(%err, "patch passed validation but failed to apply");
+            }
+            let event = Event {
+                seq,
+                twin_id: cmd.twin.clone(),
+                event_id: e.event_id.clone(),
+                event_type: e.event_type.clone(),
+                patch: serde_json::Value::Object(e.patch.clone()).to_string(),
+                hlc,
+                writer: holder.clone(),
+                token: t,
+                appended_at_ms: now_ms,
+            };
+            pending
+                .batch
+                .insert(&keys::event(seq)[..], codec::encode(&event));
+            pending.batch.insert(keys::history(&cmd.twin, seq), &[][..]);
+            pending.batch.insert(dkey.clone(), &seq.to_be_bytes()[..]);
+            pending.dedupe.insert(dkey, seq);
+            rec.version = seq;
+            rec.events += 1;
+            if rec.events % self.shared.snapshot_every == 0 {
+                let snap = Snapshot {
+                    max_hlc: rec.state.max_hlc(),
+                    state: rec.state.clone(),
+                };
+                pending
+                    .batch
+                    .insert(keys::snapshot(&cmd.twin, seq), codec::encode(&snap));
+            }
+            seqs.push(seq);
+        }
+        rec.fence = rec.fence.max(t.0);
+        if partition_scoped {
+            self.meta.fence = self.meta.fence.max(t.0);
+        }
+        let out = Appended {
+            partition: self.partition,
+            seqs,
+            duplicates,
+            fence: FencingToken(rec.fence),
+            version: rec.version,
+        };
+        pending.dirty.insert(cmd.twin.clone(), rec);
+        Ok(out)
+    }
+}

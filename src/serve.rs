@@ -1,0 +1,73 @@
+//! `palisade serve`: open the store, serve HTTP, sweep expired leases, and
+//! on SIGTERM or Ctrl-C finish requests in flight and flush everything.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use palisade_log::Store;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use crate::config::ServeConfig;
+
+/// How often expired leases are swept from the table and disk.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(&config.data)
+        .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
+    let store = Arc::new(Store::open(&config.data, config.store_config())?);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let sweeper = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                tick.tick().await;
+                if let Err(e) = store.sweep_leases().await {
+                    warn!(error = %e, "lease sweep failed");
+                }
+            }
+        })
+    };
+    info!(%addr, data = %config.data.display(), partitions = store.partitions(), "palisade is ready");
+    // Scripts and tests read this line to learn the address (port 0 picks one).
+    println!("palisade listening on http://{addr}");
+    palisade_http::run(
+        listener,
+        store.clone(),
+        config.http_config(),
+        shutdown_signal(),
+    )
+    .await?;
+    sweeper.abort();
+    info!("shutting down: flushing partitions");
+    store.close().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
