@@ -1,0 +1,9 @@
+//! Fencing: the store never lets a write through whose token is below a
+//! later grant covering its twin that the store has seen (invariant 2), no
+//! matter how grants, releases, restarts and writes interleave.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "02_concurrent.rs"]
+mod concurrent;
+#[path = "01_model.rs"]
+mod model;

@@ -1,0 +1,264 @@
+//! Shared test support: a store served over real HTTP on a loopback port
+//! (in-process, or as a real `palisade serve` process), and a small client.
+//! Included by each test binary with `#[path = "../support.rs"] mod support;`.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade::http::HttpConfig;
+use palisade::log::{Store, StoreConfig};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// A store in a folder, served by the real axum router on 127.0.0.1:0.
+pub struct TestServer {
+    pub base: String,
+    pub store: Arc<Store>,
+    pub path: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    pub async fn start(path: &Path) -> Self {
+        Self::start_with(path, StoreConfig::default(), HttpConfig::default()).await
+    }
+
+    pub async fn start_with(path: &Path, store_cfg: StoreConfig, http: HttpConfig) -> Self {
+        let store = Arc::new(Store::open(path, store_cfg).expect("open store"));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(palisade::http::run(listener, store.clone(), http, async {
+            let _ = rx.await;
+        }));
+        Self {
+            base,
+            store,
+            path: path.to_owned(),
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Graceful stop: finish requests, close the store (flushing it).
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+        self.store.close().await;
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.base)
+    }
+}
+
+/// A real `palisade serve` process on a loopback port.
+pub struct ServeProcess {
+    pub child: Child,
+    pub base: String,
+}
+
+impl ServeProcess {
+    pub fn start(data: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .arg("serve")
+            .arg("--data")
+            .arg(data)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn palisade serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read ready line");
+        let base = line
+            .trim()
+            .strip_prefix("palisade listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from palisade serve: {line:?}"))
+            .to_owned();
+        Self { child, base }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.base)
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{sig} failed");
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn terminate(mut self) {
+        self.signal("TERM");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "palisade serve exited with {status}");
+    }
+
+    /// SIGKILL: a crash, no chance to flush.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A thin JSON client over reqwest.
+#[derive(Clone)]
+pub struct Client {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+/// A response: status and JSON body (Null if the body was empty or not JSON).
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub body: Value,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Self {
+        Self {
+            base: base.to_owned(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn finish(r: reqwest::Response) -> Resp {
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let bytes = r.bytes().await.unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Resp {
+            status,
+            body,
+            headers,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Resp {
+        Self::finish(
+            self.http
+                .get(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Resp {
+        Self::finish(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .json(body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn delete(&self, path: &str) -> Resp {
+        Self::finish(
+            self.http
+                .delete(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// POST /v1/leases; panics unless 201.
+    pub async fn acquire(&self, scope: &str, holder: &str, ttl_ms: u64) -> Value {
+        let r = self.try_acquire(scope, holder, ttl_ms).await;
+        assert_eq!(r.status, 201, "acquire {scope} by {holder}: {:?}", r.body);
+        r.body
+    }
+
+    pub async fn try_acquire(&self, scope: &str, holder: &str, ttl_ms: u64) -> Resp {
+        self.post_json(
+            "/v1/leases",
+            &json!({ "scope": scope, "holder": holder, "ttl_ms": ttl_ms }),
+        )
+        .await
+    }
+
+    /// POST /v1/twins/{twin}/events with a Fencing-Token header and a raw body.
+    pub async fn append_raw(&self, twin: &str, token: Option<&str>, body: Vec<u8>) -> Resp {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/twins/{twin}/events", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = token {
+            req = req.header("fencing-token", t);
+        }
+        Self::finish(req.send().await.unwrap()).await
+    }
+
+    pub async fn append(&self, twin: &str, token: u64, body: &Value) -> Resp {
+        self.append_raw(
+            twin,
+            Some(&token.to_string()),
+            serde_json::to_vec(body).unwrap(),
+        )
+        .await
+    }
+
+    /// Append one event `{type, patch, event_id}`.
+    pub async fn put(&self, twin: &str, token: u64, event_id: &str, patch: Value) -> Resp {
+        self.append(
+            twin,
+            token,
+            &json!({ "type": "update", "patch": patch, "event_id": event_id }),
+        )
+        .await
+    }
+
+    pub async fn twin(&self, twin: &str) -> Resp {
+        self.get(&format!("/v1/twins/{twin}")).await
+    }
+}
+
+pub fn token_of(lease: &Value) -> u64 {
+    lease["token"].as_u64().expect("lease has a token")
+}
+
+pub fn lease_id_of(lease: &Value) -> String {
+    lease["lease_id"]
+        .as_str()
+        .expect("lease has an id")
+        .to_owned()
+}
