@@ -36,6 +36,8 @@ pub fn router(store: Arc<Store>, config: HttpConfig) -> Router {
         .route("/v1/twins/{twin_id}/events", post(append).get(twin_events))
         .route("/v1/partitions", get(partitions))
         .route("/v1/partitions/{partition}/events", get(partition_events))
+        .route("/v1/rejections", get(rejections))
+        .route("/v1/dead-letters", get(dead_letters))
         .fallback(|| async {
             ApiError::not_found(
                 "no_such_route",
@@ -397,4 +399,86 @@ async fn partitions(State(s): State<AppState>) -> Result<Json<Value>, ApiError> 
     Ok(Json(
         json!({ "partitions": list, "last_token": s.store.last_token().0 }),
     ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitQuery {
+    limit: Option<usize>,
+}
+
+/// Recent refused writes (HTTP and Kafka), newest first (bounded, in memory).
+async fn rejections(
+    State(s): State<AppState>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = query(q)?
+        .limit
+        .unwrap_or(100)
+        .clamp(1, palisade_log::REJECTION_LOG_LEN);
+    let list: Vec<Value> = s
+        .store
+        .rejections(limit)
+        .into_iter()
+        .map(|r| {
+            json!({
+                "at_ms": r.at_ms,
+                "source": r.source,
+                "partition": r.partition.0,
+                "offset": r.offset,
+                "twin_id": r.twin.as_str(),
+                "token": r.token.0,
+                "reason": r.reason,
+                "message": r.detail,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "rejections": list })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeadLetterQuery {
+    partition: Option<u32>,
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// Stored dead letters (Kafka records that could not be applied), oldest first.
+async fn dead_letters(
+    State(s): State<AppState>,
+    q: Result<Query<DeadLetterQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(q)?;
+    if let Some(p) = q.partition {
+        if p >= s.store.partitions() {
+            return Err(ApiError::not_found(
+                "unknown_partition",
+                format!(
+                    "partition {p} does not exist; this store has {}",
+                    s.store.partitions()
+                ),
+            ));
+        }
+    }
+    let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
+    let list: Vec<Value> = s
+        .store
+        .dead_letters(q.partition.map(PartitionId), q.after, limit)?
+        .into_iter()
+        .map(|d| {
+            json!({
+                "partition": d.partition,
+                "offset": d.offset,
+                "key": d.key,
+                "reason": d.reason,
+                "message": d.detail,
+                "headers": d.headers.into_iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+                "value": String::from_utf8_lossy(&d.value),
+                "value_len": d.value_len,
+                "at_ms": d.at_ms,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "dead_letters": list })))
 }

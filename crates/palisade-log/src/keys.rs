@@ -21,6 +21,19 @@ pub(crate) const GRANT: u8 = 0x06;
 /// `0x07` -> `PartitionMeta` (partition fence, head sequence).
 pub(crate) const META: u8 = 0x07;
 
+/// `0x08` -> u64 BE: the last Kafka offset applied to this partition
+/// (Kafka partition p feeds Palisade partition p).
+pub(crate) const SOURCE_OFFSET: [u8; 1] = [0x08];
+/// `0x09 ++ offset` -> `DeadLetter`: a Kafka record that could not be applied.
+pub(crate) const DEAD_LETTER: u8 = 0x09;
+
+pub(crate) fn dead_letter(offset: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = DEAD_LETTER;
+    k[1..].copy_from_slice(&offset.to_be_bytes());
+    k
+}
+
 pub(crate) fn event(seq: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = EVENT;

@@ -46,6 +46,7 @@
 //! ```
 
 mod error;
+mod ingest;
 mod keys;
 mod metrics;
 mod read;
@@ -54,6 +55,10 @@ mod store;
 mod writer;
 
 pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
+pub use ingest::{
+    DeadLetter, IngestOutcome, IngestRecord, Rejection, DEAD_LETTERS_PER_PARTITION,
+    DEAD_LETTER_VALUE_BYTES, REJECTION_LOG_LEN,
+};
 pub use metrics::Metrics;
 pub use read::{AsOf, PartitionInfo, TwinView};
 pub use store::{Store, StoreConfig, DEFAULT_PARTITIONS, MAX_PARTITIONS};

@@ -10,7 +10,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, instrument, warn};
 
 use crate::error::{AppendError, LeaseOpError, OpenError};
-use crate::writer::{AppendCmd, Command, Shared, Writer};
+use crate::ingest::{DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog};
+use crate::writer::{AppendCmd, AppendReq, Command, Shared, Writer};
 use crate::{Appended, Metrics};
 
 pub const DEFAULT_PARTITIONS: u32 = 16;
@@ -58,6 +59,7 @@ pub struct Store {
     last_token: Arc<AtomicU64>,
     clock: Arc<Clock>,
     metrics: Arc<Metrics>,
+    rejections: Arc<RejectionLog>,
 }
 
 const FORMAT_KEY: &[u8] = b"format";
@@ -129,9 +131,11 @@ impl Store {
         let last_token = Arc::new(AtomicU64::new(authority.last_token().0));
         let clock = Arc::new(Clock::new(config.max_drift));
         let metrics = Arc::new(Metrics::default());
+        let rejections = Arc::new(RejectionLog::default());
         let shared = Arc::new(Shared {
             clock: clock.clone(),
             metrics: metrics.clone(),
+            rejections: rejections.clone(),
             snapshot_every: config.snapshot_every.max(1),
         });
         let mut trees = Vec::with_capacity(partitions as usize);
@@ -161,6 +165,7 @@ impl Store {
             last_token,
             clock,
             metrics,
+            rejections,
         })
     }
 
@@ -334,10 +339,12 @@ impl Store {
         let (reply, rx) = oneshot::channel();
         self.writer(p)
             .send(Command::Append(AppendCmd {
-                twin,
-                token,
-                events,
-                if_match,
+                req: AppendReq {
+                    twin,
+                    token,
+                    events,
+                    if_match,
+                },
                 reply,
             }))
             .await
@@ -360,6 +367,87 @@ impl Store {
             }
             other => other,
         }
+    }
+
+    /// Queue a source record of partition `partition` at `offset` and return
+    /// the receiver of its outcome. Records queued for one partition are
+    /// handled in the order they are queued, so a consumer can queue a whole
+    /// fetch and await the outcomes afterwards (they share group commits).
+    /// An error from the receiver means the record was not applied and its
+    /// offset not stored: the consumer must stop and resume from the stored
+    /// offset.
+    pub async fn enqueue_ingest(
+        &self,
+        partition: PartitionId,
+        offset: u64,
+        record: IngestRecord,
+    ) -> Result<oneshot::Receiver<Result<IngestOutcome, AppendError>>, AppendError> {
+        if partition.0 >= self.partitions {
+            return Err(AppendError::BadEvent(format!(
+                "source partition {partition} does not exist; the store has {} partitions",
+                self.partitions
+            )));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.writer(partition)
+            .send(Command::Ingest {
+                offset,
+                record,
+                reply,
+            })
+            .await
+            .map_err(|_| AppendError::Closed)?;
+        Ok(rx)
+    }
+
+    /// The last source offset applied to `partition`, if any: where a
+    /// consumer resumes (at this plus one).
+    pub fn source_offset(&self, partition: PartitionId) -> Result<Option<u64>, crate::ReadError> {
+        let tree =
+            self.trees
+                .get(partition.0 as usize)
+                .ok_or(crate::ReadError::UnknownPartition {
+                    partition: partition.0,
+                    partitions: self.partitions,
+                })?;
+        Ok(tree
+            .get(crate::keys::SOURCE_OFFSET)?
+            .and_then(|v| crate::keys::trailing_seq(&v)))
+    }
+
+    /// Stored dead letters of one partition (or all), oldest first, with
+    /// offsets after `after`.
+    pub fn dead_letters(
+        &self,
+        partition: Option<PartitionId>,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, crate::ReadError> {
+        let mut out = Vec::new();
+        for (i, tree) in self.trees.iter().enumerate() {
+            if partition.is_some_and(|p| p.0 as usize != i) {
+                continue;
+            }
+            let start = crate::keys::dead_letter(after.map_or(0, |a| a.saturating_add(1)));
+            for kv in tree.range(start..=crate::keys::dead_letter(u64::MAX)) {
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+                let (k, v) = kv?;
+                out.push(
+                    codec::decode(&v).map_err(|source| crate::ReadError::Damaged {
+                        key: k.to_vec(),
+                        source,
+                    })?,
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Recent refused writes (HTTP and stream), newest first.
+    pub fn rejections(&self, limit: usize) -> Vec<Rejection> {
+        self.rejections.recent(limit)
     }
 
     /// Stop the writers after they commit what is queued, and flush.

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use palisade_core::{codec, Clock, Event, FencingToken, NewEvent, PartitionId, Scope, TwinId};
 use palisade_core::{MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
@@ -15,6 +15,10 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
 use crate::error::{AppendError, OpenError};
+use crate::ingest::{
+    is_drop, now_ms, DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog,
+    DEAD_LETTERS_PER_PARTITION, DEAD_LETTER_VALUE_BYTES,
+};
 use crate::keys;
 use crate::records::{PartitionMeta, Snapshot, TokenGrant, TwinRecord};
 use crate::Metrics;
@@ -40,13 +44,19 @@ pub struct Appended {
     pub version: u64,
 }
 
-pub(crate) struct AppendCmd {
+pub(crate) struct AppendReq {
     pub twin: TwinId,
     pub token: FencingToken,
     pub events: Vec<NewEvent>,
     pub if_match: Option<u64>,
+}
+
+pub(crate) struct AppendCmd {
+    pub req: AppendReq,
     pub reply: oneshot::Sender<Result<Appended, AppendError>>,
 }
+
+pub(crate) type IngestReply = oneshot::Sender<Result<IngestOutcome, AppendError>>;
 
 pub(crate) enum Command {
     Append(AppendCmd),
@@ -58,6 +68,14 @@ pub(crate) enum Command {
         holder: String,
         reply: oneshot::Sender<Result<(), String>>,
     },
+    /// A record from the source stream (Kafka partition = this partition)
+    /// at `offset`: applied, dropped or dead-lettered, and the offset stored,
+    /// all in one batch.
+    Ingest {
+        offset: u64,
+        record: IngestRecord,
+        reply: IngestReply,
+    },
     /// Finish everything queued before, then stop.
     Stop,
 }
@@ -67,6 +85,7 @@ pub(crate) enum Command {
 pub(crate) struct Shared {
     pub clock: Arc<Clock>,
     pub metrics: Arc<Metrics>,
+    pub rejections: Arc<RejectionLog>,
     pub snapshot_every: u64,
 }
 
@@ -76,6 +95,10 @@ pub(crate) struct Writer {
     meta: PartitionMeta,
     grants: HashMap<u64, TokenGrant>,
     cache: HashMap<TwinId, TwinRecord>,
+    /// The last source (Kafka) offset applied, stored with the events.
+    source_offset: Option<u64>,
+    /// Dead letters stored in this partition (bounded).
+    dead_letters: u64,
     shared: Arc<Shared>,
 }
 
@@ -94,6 +117,7 @@ enum Reply {
         Result<Appended, AppendError>,
     ),
     Grant(oneshot::Sender<Result<(), String>>),
+    Ingest(IngestReply, Result<IngestOutcome, AppendError>),
 }
 
 impl Writer {
@@ -122,12 +146,22 @@ impl Writer {
                 keys::seq_of_event_key(&k).ok_or_else(|| damaged(&k, codec::CodecError::Empty))?;
             grants.insert(token, codec::decode(&v).map_err(|e| damaged(&k, e))?);
         }
+        let source_offset = match tree.get(keys::SOURCE_OFFSET).map_err(sled_err)? {
+            Some(v) => Some(
+                keys::trailing_seq(&v)
+                    .ok_or_else(|| damaged(&keys::SOURCE_OFFSET, codec::CodecError::Empty))?,
+            ),
+            None => None,
+        };
+        let dead_letters = tree.scan_prefix([keys::DEAD_LETTER]).count() as u64;
         Ok(Self {
             partition,
             tree,
             meta,
             grants,
             cache: HashMap::new(),
+            source_offset,
+            dead_letters,
             shared,
         })
     }
@@ -162,13 +196,23 @@ impl Writer {
 
     fn commit(&mut self, cmds: Vec<Command>) {
         let meta_before = self.meta;
+        let source_before = self.source_offset;
+        let dead_before = self.dead_letters;
         let mut pending = Pending::default();
         let mut replies = Vec::with_capacity(cmds.len());
         for cmd in cmds {
             match cmd {
                 Command::Append(a) => {
-                    let r = self.append(&a, &mut pending);
+                    let r = self.append(&a.req, &mut pending, None);
                     replies.push(Reply::Append(a.reply, r));
+                }
+                Command::Ingest {
+                    offset,
+                    record,
+                    reply,
+                } => {
+                    let r = self.ingest(offset, record, &mut pending);
+                    replies.push(Reply::Ingest(reply, r));
                 }
                 Command::Grant {
                     token,
@@ -195,6 +239,9 @@ impl Writer {
         }
         if self.meta != meta_before {
             batch.insert(&keys::META_KEY[..], codec::encode(&self.meta));
+        }
+        if let (true, Some(o)) = (self.source_offset != source_before, self.source_offset) {
+            batch.insert(&keys::SOURCE_OFFSET[..], &o.to_be_bytes()[..]);
         }
         let started = Instant::now();
         let written = self
@@ -228,6 +275,9 @@ impl Writer {
                         Reply::Grant(tx) => {
                             let _ = tx.send(Ok(()));
                         }
+                        Reply::Ingest(tx, res) => {
+                            let _ = tx.send(res);
+                        }
                     }
                 }
             }
@@ -238,6 +288,8 @@ impl Writer {
                 // flush leaves us unsure what reached the disk.
                 error!(partition = %self.partition, error = %e, "group commit failed");
                 self.meta = meta_before;
+                self.source_offset = source_before;
+                self.dead_letters = dead_before;
                 for t in grants_added {
                     self.grants.remove(&t);
                 }
@@ -250,6 +302,9 @@ impl Writer {
                         }
                         Reply::Grant(tx) => {
                             let _ = tx.send(Err(msg.clone()));
+                        }
+                        Reply::Ingest(tx, _) => {
+                            let _ = tx.send(Err(AppendError::Storage(msg.clone())));
                         }
                     }
                 }
@@ -296,17 +351,109 @@ impl Writer {
 
     /// Check one append request and stage it. Everything is checked before
     /// anything is staged, so a refused request leaves no trace.
-    fn append(&mut self, cmd: &AppendCmd, pending: &mut Pending) -> Result<Appended, AppendError> {
+    fn append(
+        &mut self,
+        cmd: &AppendReq,
+        pending: &mut Pending,
+        offset: Option<u64>,
+    ) -> Result<Appended, AppendError> {
         let r = self.try_append(cmd, pending);
         if let Err(e) = &r {
             self.shared.metrics.rejected(e.reason());
+            if !matches!(e, AppendError::Storage(_) | AppendError::Closed) {
+                self.shared.rejections.push(Rejection {
+                    at_ms: now_ms(),
+                    source: if offset.is_some() { "kafka" } else { "http" },
+                    partition: self.partition,
+                    offset,
+                    twin: cmd.twin.clone(),
+                    token: cmd.token,
+                    reason: e.reason(),
+                    detail: e.to_string(),
+                });
+            }
         }
         r
     }
 
+    /// Apply, drop or dead-letter one source record and advance the stored
+    /// source offset, all staged in the current batch.
+    fn ingest(
+        &mut self,
+        offset: u64,
+        record: IngestRecord,
+        pending: &mut Pending,
+    ) -> Result<IngestOutcome, AppendError> {
+        if self.source_offset.is_some_and(|o| offset <= o) {
+            return Ok(IngestOutcome::AlreadyApplied);
+        }
+        let outcome = match record {
+            IngestRecord::Append {
+                twin,
+                token,
+                events,
+            } => {
+                let req = AppendReq {
+                    twin,
+                    token,
+                    events,
+                    if_match: None,
+                };
+                match self.append(&req, pending, Some(offset)) {
+                    Ok(a) => IngestOutcome::Applied(a),
+                    Err(e @ (AppendError::Storage(_) | AppendError::Closed)) => return Err(e),
+                    Err(e) if is_drop(&e) => IngestOutcome::Dropped(e),
+                    Err(e) => {
+                        let reason = e.reason().to_owned();
+                        self.stage_dead_letter(
+                            DeadLetter {
+                                partition: self.partition.0,
+                                offset,
+                                key: Some(req.twin.to_string()),
+                                reason: reason.clone(),
+                                detail: e.to_string(),
+                                headers: Vec::new(),
+                                value: Vec::new(),
+                                value_len: 0,
+                                at_ms: now_ms(),
+                            },
+                            pending,
+                        );
+                        IngestOutcome::DeadLettered { reason }
+                    }
+                }
+            }
+            IngestRecord::Dead(mut dl) => {
+                dl.partition = self.partition.0;
+                dl.offset = offset;
+                dl.value.truncate(DEAD_LETTER_VALUE_BYTES);
+                let reason = dl.reason.clone();
+                self.shared.metrics.rejected("dead_letter");
+                self.stage_dead_letter(dl, pending);
+                IngestOutcome::DeadLettered { reason }
+            }
+        };
+        self.source_offset = Some(offset);
+        Ok(outcome)
+    }
+
+    fn stage_dead_letter(&mut self, dl: DeadLetter, pending: &mut Pending) {
+        pending
+            .batch
+            .insert(&keys::dead_letter(dl.offset)[..], codec::encode(&dl));
+        self.dead_letters += 1;
+        if self.dead_letters > DEAD_LETTERS_PER_PARTITION {
+            // Prune the oldest stored one (keys sort by offset).
+            if let Some(Ok((k, _))) = self.tree.scan_prefix([keys::DEAD_LETTER]).next() {
+                pending.batch.remove(k);
+                self.dead_letters -= 1;
+            }
+        }
+    }
+
     fn try_append(
         &mut self,
-        cmd: &AppendCmd,
+        cmd: &AppendReq,
         pending: &mut Pending,
     ) -> Result<Appended, AppendError> {
         let t = cmd.token;
@@ -360,10 +507,7 @@ impl Writer {
         }
 
         // All checks passed: stage the events. Nothing below can fail.
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
+        let now_ms = now_ms();
         let mut seqs = Vec::with_capacity(cmd.events.len());
         let mut duplicates = 0;
         for e in &cmd.events {
