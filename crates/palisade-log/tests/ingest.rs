@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Stream ingestion at the log level: the source offset is stored in the
 //! same batch as the outcome of its record, so redelivery (after a crash or
 //! a rebalance) applies each record exactly once; stale records are dropped
