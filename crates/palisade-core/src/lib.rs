@@ -16,6 +16,7 @@ pub mod codec;
 mod event;
 mod hlc;
 mod ids;
+pub mod json;
 mod partition;
 
 pub use event::{Event, NewEvent, MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};

@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 
 pub use error::ApiError;
 pub use routes::router;
-pub use wire::{EventIn, EventOut, LeaseOut};
+pub use wire::{EventOut, LeaseOut};
 
 /// Limits of the HTTP layer.
 #[derive(Debug, Clone)]

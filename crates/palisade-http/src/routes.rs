@@ -7,14 +7,14 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use palisade_core::{FencingToken, Hlc, LeaseId, NewEvent, PartitionId, Scope, TwinId};
+use palisade_core::{FencingToken, LeaseId, PartitionId, Scope, TwinId};
 use palisade_lease::AcquireRequest;
 use palisade_log::{AsOf, Store};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::wire::{hlc_text, EventIn, EventOut, EventsIn, LeaseIn, LeaseOut};
+use crate::wire::{hlc_text, EventOut, LeaseIn, LeaseOut};
 use crate::HttpConfig;
 
 #[derive(Debug, Clone)]
@@ -165,32 +165,6 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     })
 }
 
-fn new_event(e: EventIn, i: usize) -> Result<NewEvent, ApiError> {
-    let Value::Object(patch) = e.patch else {
-        return Err(ApiError::bad_request(
-            "bad_patch",
-            format!("event {i}: patch must be a JSON object (a merge patch)"),
-        ));
-    };
-    let hlc = match e.hlc {
-        Some(h) => Some(
-            h.parse::<Hlc>()
-                .map_err(|err| ApiError::bad_request("bad_hlc", format!("event {i}: {err}")))?,
-        ),
-        None => None,
-    };
-    // Without an id there is no retry dedupe; a random one keeps ids unique.
-    let event_id = e
-        .event_id
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    Ok(NewEvent {
-        event_id,
-        event_type: e.event_type,
-        patch,
-        hlc,
-    })
-}
-
 async fn append(
     State(s): State<AppState>,
     Path(twin): Path<String>,
@@ -201,28 +175,10 @@ async fn append(
     let twin = twin_id(twin)?;
     let token = fencing_token(&headers)?;
     let expected = if_match(&headers)?;
-    let events = match json_body::<EventsIn>(&bytes) {
-        Ok(EventsIn::One(e)) => vec![e],
-        Ok(EventsIn::Many(v)) => v,
-        Err(_) => {
-            // Re-parse strictly to give the precise message of the shape the
-            // caller most likely meant (untagged enums lose it).
-            let v: Value = json_body(&bytes)?;
-            return Err(match v {
-                Value::Array(_) => json_body::<Vec<EventIn>>(&bytes).err(),
-                _ => json_body::<EventIn>(&bytes).err(),
-            }
-            .unwrap_or_else(|| {
-                ApiError::bad_request(
-                    "bad_json",
-                    "body must be an event object or an array of them",
-                )
-            }));
-        }
-    };
-    if events.is_empty() {
-        return Err(ApiError::bad_request("no_events", "the batch is empty"));
-    }
+    // Without an id there is no retry dedupe; a random one keeps ids unique.
+    let events =
+        palisade_core::json::parse_events(&bytes, |_| uuid::Uuid::new_v4().simple().to_string())
+            .map_err(|e| ApiError::bad_request(e.kind, e.message))?;
     if events.len() > s.config.max_batch_events {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -234,11 +190,6 @@ async fn append(
             ),
         ));
     }
-    let events = events
-        .into_iter()
-        .enumerate()
-        .map(|(i, e)| new_event(e, i))
-        .collect::<Result<Vec<_>, _>>()?;
     let done = s.store.append(twin, token, events, expected).await?;
     let mut resp = (
         StatusCode::CREATED,

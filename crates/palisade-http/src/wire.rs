@@ -4,29 +4,6 @@ use palisade_core::{Event, Hlc};
 use palisade_lease::Lease;
 use serde::{Deserialize, Serialize};
 
-/// One event as a writer sends it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventIn {
-    #[serde(rename = "type")]
-    pub event_type: String,
-    pub patch: serde_json::Value,
-    /// uhlc text form `<ntp64 time>/<hex id>`; the store stamps events without one.
-    #[serde(default)]
-    pub hlc: Option<String>,
-    /// Idempotency key; the store assigns a random one if absent.
-    #[serde(default)]
-    pub event_id: Option<String>,
-}
-
-/// One event or a batch of them.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum EventsIn {
-    One(EventIn),
-    Many(Vec<EventIn>),
-}
-
 /// An event as stored.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EventOut {

@@ -1,0 +1,138 @@
+//! The JSON form of events that writers send, over HTTP and as Kafka record
+//! values (`content-type: application/json`): one event object or an array.
+//!
+//! `{"type": "...", "patch": {...}, "hlc": "<ntp64>/<hex id>"?, "event_id": "..."?}`
+
+use serde::Deserialize;
+
+use crate::{Hlc, NewEvent};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventJson {
+    #[serde(rename = "type")]
+    event_type: String,
+    patch: serde_json::Value,
+    #[serde(default)]
+    hlc: Option<String>,
+    #[serde(default)]
+    event_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum EventsJson {
+    One(EventJson),
+    Many(Vec<EventJson>),
+}
+
+/// Why a JSON body is not a valid event or batch. `kind` is a stable name
+/// (`bad_json`, `bad_patch`, `bad_hlc`, `no_events`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct JsonEventError {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+fn err(kind: &'static str, message: impl Into<String>) -> JsonEventError {
+    JsonEventError {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// Parse a body into events. Events without an `event_id` get one from
+/// `default_id(index)` (random for HTTP, derived from the record position for
+/// Kafka so that a redelivered record dedupes).
+pub fn parse_events(
+    bytes: &[u8],
+    mut default_id: impl FnMut(usize) -> String,
+) -> Result<Vec<NewEvent>, JsonEventError> {
+    let events = match serde_json::from_slice::<EventsJson>(bytes) {
+        Ok(EventsJson::One(e)) => vec![e],
+        Ok(EventsJson::Many(v)) => v,
+        Err(_) => {
+            // Untagged enums lose the precise message; re-parse as the shape
+            // the sender most likely meant to report what is wrong with it.
+            let v: serde_json::Value = serde_json::from_slice(bytes)
+                .map_err(|e| err("bad_json", format!("body is not valid JSON: {e}")))?;
+            let detail = match v {
+                serde_json::Value::Array(_) => {
+                    serde_json::from_slice::<Vec<EventJson>>(bytes).err()
+                }
+                _ => serde_json::from_slice::<EventJson>(bytes).err(),
+            };
+            return Err(err(
+                "bad_json",
+                detail.map_or_else(
+                    || "body must be an event object or an array of them".to_owned(),
+                    |e| format!("not an event: {e}"),
+                ),
+            ));
+        }
+    };
+    if events.is_empty() {
+        return Err(err("no_events", "the batch is empty"));
+    }
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let serde_json::Value::Object(patch) = e.patch else {
+                return Err(err(
+                    "bad_patch",
+                    format!("event {i}: patch must be a JSON object (a merge patch)"),
+                ));
+            };
+            let hlc = match e.hlc {
+                Some(h) => Some(
+                    h.parse::<Hlc>()
+                        .map_err(|x| err("bad_hlc", format!("event {i}: {x}")))?,
+                ),
+                None => None,
+            };
+            Ok(NewEvent {
+                event_id: e.event_id.unwrap_or_else(|| default_id(i)),
+                event_type: e.event_type,
+                patch,
+                hlc,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(i: usize) -> String {
+        format!("id{i}")
+    }
+
+    #[test]
+    fn one_or_many() {
+        let one = parse_events(br#"{"type":"t","patch":{"a":1}}"#, ids).unwrap();
+        assert_eq!(one[0].event_id, "id0");
+        let many = parse_events(
+            br#"[{"type":"t","patch":{}},{"type":"u","patch":{"b":null},"event_id":"x"}]"#,
+            ids,
+        )
+        .unwrap();
+        assert_eq!(many.len(), 2);
+        assert_eq!(many[1].event_id, "x");
+    }
+
+    #[test]
+    fn errors_name_what_is_wrong() {
+        let kind = |b: &[u8]| parse_events(b, ids).unwrap_err().kind;
+        assert_eq!(kind(b"{"), "bad_json");
+        assert_eq!(kind(b"[]"), "no_events");
+        assert_eq!(kind(br#"{"type":"t","patch":5}"#), "bad_patch");
+        assert_eq!(kind(br#"{"type":"t","patch":{},"hlc":"x"}"#), "bad_hlc");
+        assert_eq!(kind(br#"{"type":"t","patch":{},"extra":1}"#), "bad_json");
+        let e = parse_events(br#"{"type":5,"patch":{}}"#, ids).unwrap_err();
+        assert!(e.message.contains("invalid type"), "{e}");
+        assert_eq!(kind(&[0xff, 0xfe]), "bad_json");
+    }
+}
