@@ -20,6 +20,17 @@ pub struct Cli {
 pub enum Command {
     /// Run the store: sled in a local folder, the lease authority in-process.
     Serve(ServeConfig),
+    /// Run a mock Kafka cluster (librdkafka's) on loopback, for trying things
+    /// out and for tests only: NOT for production.
+    ///
+    /// Runs librdkafka's in-process mock cluster on 127.0.0.1 and serves it to
+    /// other processes. Not a production broker: all data is in memory and lost
+    /// on exit, there is no security, and it is librdkafka's test broker.
+    ///
+    /// Prints `bootstrap: 127.0.0.1:PORT[,...]` as its last stdout line, then runs
+    /// until SIGTERM or Ctrl-C. With --probe it starts no cluster and instead asks
+    /// a running broker for its metadata (used by scripts/kafka-broker).
+    DevKafka(DevKafkaConfig),
 }
 
 /// `palisade serve` settings; every flag is also an environment variable.
@@ -50,6 +61,66 @@ pub struct ServeConfig {
     /// sled page cache, in MiB.
     #[arg(long, env = "PALISADE_CACHE_MB", default_value_t = 256)]
     pub cache_mb: u64,
+    /// Kafka bootstrap servers. When set, the store joins the consumer group
+    /// and ingests the topic (its partition count must equal the store's).
+    #[arg(long, env = "PALISADE_KAFKA_BROKERS")]
+    pub kafka_brokers: Option<String>,
+    /// Topic of twin events.
+    #[arg(long, env = "PALISADE_KAFKA_TOPIC", default_value = "twin-events")]
+    pub kafka_topic: String,
+    /// Consumer group id.
+    #[arg(long, env = "PALISADE_KAFKA_GROUP", default_value = "palisade")]
+    pub kafka_group: String,
+    /// Also copy dead-lettered records to this topic (they are always kept in the store).
+    #[arg(long, env = "PALISADE_KAFKA_DEAD_LETTER_TOPIC")]
+    pub kafka_dead_letter_topic: Option<String>,
+    /// Largest Kafka record value accepted; larger records are dead-lettered.
+    #[arg(long, env = "PALISADE_KAFKA_MAX_RECORD_BYTES", default_value_t = 1 << 20)]
+    pub kafka_max_record_bytes: usize,
+    /// Extra librdkafka client setting KEY=VALUE (TLS, SASL, timeouts); repeatable,
+    /// comma separated in the environment variable.
+    #[arg(long = "kafka-setting", env = "PALISADE_KAFKA_SETTINGS", value_delimiter = ',', value_parser = parse_setting)]
+    pub kafka_settings: Vec<(String, String)>,
+}
+
+fn parse_setting(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if k.trim().is_empty() {
+        return Err(format!("empty key in {s:?}"));
+    }
+    Ok((k.trim().to_owned(), v.to_owned()))
+}
+
+/// `palisade dev-kafka` settings: librdkafka's mock cluster, served on
+/// loopback to other processes. For trying things out and tests only, never
+/// for production (no persistence, no security, librdkafka's test broker).
+#[derive(Debug, Clone, Args)]
+pub struct DevKafkaConfig {
+    /// Number of mock brokers (1..=16).
+    #[arg(long, env = "PALISADE_DEV_KAFKA_BROKERS", default_value_t = 1)]
+    pub brokers: u32,
+    /// Pre-create a topic, as NAME:PARTITIONS (repeatable; env: comma separated).
+    /// Topics auto-created on first use get 4 partitions.
+    #[arg(
+        long = "topic",
+        value_name = "NAME:PARTITIONS",
+        env = "PALISADE_DEV_KAFKA_TOPICS",
+        value_delimiter = ','
+    )]
+    pub topics: Vec<String>,
+    /// A file polled while running: each new line `NAME:PARTITIONS` creates a
+    /// topic (how `scripts/kafka-broker topic` adds topics to a running cluster).
+    #[arg(long, value_name = "FILE", env = "PALISADE_DEV_KAFKA_CONTROL")]
+    pub control_file: Option<PathBuf>,
+    /// Start no cluster: fetch metadata from the broker(s) at this bootstrap
+    /// address, print brokers and topics, exit 0 if it answered (for scripts).
+    #[arg(long, value_name = "BOOTSTRAP")]
+    pub probe: Option<String>,
+    /// How long --probe waits for an answer, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub probe_timeout_ms: u64,
 }
 
 impl ServeConfig {
@@ -82,6 +153,19 @@ impl ServeConfig {
             snapshot_every: self.snapshot_every,
             cache_bytes: self.cache_mb << 20,
         }
+    }
+
+    /// The Kafka ingester's settings, if `--kafka-brokers` is set.
+    pub fn ingest_config(&self) -> Option<palisade_kafka::IngestConfig> {
+        let brokers = self.kafka_brokers.as_ref()?;
+        let mut c = palisade_kafka::IngestConfig::new(brokers.clone());
+        c.topic.clone_from(&self.kafka_topic);
+        c.group.clone_from(&self.kafka_group);
+        c.dead_letter_topic
+            .clone_from(&self.kafka_dead_letter_topic);
+        c.max_value_bytes = self.kafka_max_record_bytes;
+        c.client_settings.clone_from(&self.kafka_settings);
+        Some(c)
     }
 
     pub fn http_config(&self) -> palisade_http::HttpConfig {

@@ -13,4 +13,5 @@ pub use palisade_log as log;
 pub use palisade_twin as twin;
 
 pub mod config;
+pub mod dev_kafka;
 pub mod serve;

@@ -8,11 +8,13 @@ async fn main() -> std::process::ExitCode {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(cfg) => palisade::serve::serve(cfg).await,
+        Command::DevKafka(cfg) => palisade::dev_kafka::run(cfg).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

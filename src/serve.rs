@@ -35,6 +35,29 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             }
         })
     };
+    // One shutdown signal for the HTTP server and the Kafka ingester.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let ingester = config.ingest_config().map(|cfg| {
+        info!(brokers = %cfg.brokers, topic = %cfg.topic, group = %cfg.group, "kafka ingestion on");
+        let (store, stop_tx) = (store.clone(), stop_tx.clone());
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            let r = palisade_kafka::Ingester::run(store, cfg, stop).await;
+            if r.is_err() {
+                // A misconfiguration (e.g. partition counts differ): stop the
+                // whole server rather than run without ingestion.
+                let _ = stop_tx.send(true);
+            }
+            r
+        })
+    });
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
     info!(%addr, data = %config.data.display(), partitions = store.partitions(), "palisade is ready");
     // Scripts and tests read this line to learn the address (port 0 picks one).
     println!("palisade listening on http://{addr}");
@@ -42,13 +65,20 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         listener,
         store.clone(),
         config.http_config(),
-        shutdown_signal(),
+        stopped(stop_rx),
     )
     .await?;
     sweeper.abort();
+    let ingest_result = match ingester {
+        Some(task) => task
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r.map_err(anyhow::Error::from)),
+        None => Ok(()),
+    };
     info!("shutting down: flushing partitions");
     store.close().await;
-    Ok(())
+    ingest_result.context("kafka ingestion failed")
 }
 
 async fn shutdown_signal() {

@@ -75,6 +75,34 @@ pub struct Metrics {
     lease_refusals: Mutex<BTreeMap<&'static str, u64>>,
     flush_seconds: Histogram,
     batch_requests: Histogram,
+    /// Metrics of other layers (the Kafka ingester): name -> family.
+    extra: Mutex<BTreeMap<&'static str, Family>>,
+}
+
+#[derive(Debug)]
+struct Family {
+    help: &'static str,
+    kind: &'static str,
+    /// Rendered label set (`{a="b"}` or empty) -> value.
+    values: BTreeMap<String, f64>,
+}
+
+fn label_text(labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
+    let inner: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{k}=\"{}\"",
+                v.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n")
+            )
+        })
+        .collect();
+    format!("{{{}}}", inner.join(","))
 }
 
 impl Default for Metrics {
@@ -91,6 +119,7 @@ impl Default for Metrics {
             lease_refusals: Mutex::new(BTreeMap::new()),
             flush_seconds: Histogram::new(&FLUSH_BUCKETS),
             batch_requests: Histogram::new(&BATCH_BUCKETS),
+            extra: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -122,6 +151,52 @@ impl Metrics {
             .lock()
             .map(|m| m.get(reason).copied().unwrap_or(0))
             .unwrap_or(0)
+    }
+
+    /// Add `n` to a counter of another layer (created on first use).
+    pub fn add(&self, name: &'static str, help: &'static str, labels: &[(&str, &str)], n: u64) {
+        self.update(name, help, "counter", labels, |v| *v += n as f64);
+    }
+
+    /// Set a gauge of another layer (created on first use).
+    pub fn set_gauge(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        value: f64,
+    ) {
+        self.update(name, help, "gauge", labels, |v| *v = value);
+    }
+
+    /// Read back a counter or gauge of another layer (0 if never set).
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.extra
+            .lock()
+            .ok()
+            .and_then(|m| {
+                m.get(name)
+                    .and_then(|f| f.values.get(&label_text(labels)).copied())
+            })
+            .unwrap_or(0.0)
+    }
+
+    fn update(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+        labels: &[(&str, &str)],
+        f: impl FnOnce(&mut f64),
+    ) {
+        if let Ok(mut m) = self.extra.lock() {
+            let fam = m.entry(name).or_insert_with(|| Family {
+                help,
+                kind,
+                values: BTreeMap::new(),
+            });
+            f(fam.values.entry(label_text(labels)).or_insert(0.0));
+        }
     }
 
     /// Prometheus text exposition format.
@@ -187,6 +262,18 @@ impl Metrics {
             if let Ok(m) = map.lock() {
                 for (reason, n) in m.iter() {
                     let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+                }
+            }
+        }
+        if let Ok(m) = self.extra.lock() {
+            for (name, fam) in m.iter() {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {}\n# TYPE {name} {}",
+                    fam.help, fam.kind
+                );
+                for (labels, v) in &fam.values {
+                    let _ = writeln!(out, "{name}{labels} {v}");
                 }
             }
         }

@@ -426,6 +426,7 @@ impl Writer {
             IngestRecord::Dead(mut dl) => {
                 dl.partition = self.partition.0;
                 dl.offset = offset;
+                dl.at_ms = now_ms();
                 dl.value.truncate(DEAD_LETTER_VALUE_BYTES);
                 let reason = dl.reason.clone();
                 self.shared.metrics.rejected("dead_letter");

@@ -1,0 +1,287 @@
+//! [`Client`]: one method per endpoint the SDK covers.
+
+use std::time::Duration;
+
+use reqwest::{Method, Url};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::error::{from_response, ClientError};
+use crate::lease::{Lease, LeaseOptions};
+use crate::types::{Appended, Event, EventPage, LeaseGrant, StoredEvent, TwinState};
+
+/// How long establishing a connection may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a whole request may take (an append waits for its batch to be on disk).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most attempts of one idempotent append (the first one included).
+pub const APPEND_ATTEMPTS: u32 = 3;
+/// Wait before the second attempt; doubled before the third.
+pub const APPEND_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A client of one Palisade store. Cheap to clone (clones share connections).
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: Url,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client for the store at `base_url` (e.g. `http://127.0.0.1:7070`),
+    /// with [`CONNECT_TIMEOUT`] and [`REQUEST_TIMEOUT`].
+    pub fn new(base_url: &str) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()?;
+        Self::with_http_client(base_url, http)
+    }
+
+    /// A client over your own `reqwest::Client` (your timeouts, proxies, TLS).
+    pub fn with_http_client(base_url: &str, http: reqwest::Client) -> Result<Self, ClientError> {
+        let mut base =
+            Url::parse(base_url).map_err(|e| ClientError::BadUrl(format!("{base_url:?}: {e}")))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(ClientError::BadUrl(format!(
+                "{base_url:?}: the scheme must be http or https"
+            )));
+        }
+        if base.cannot_be_a_base() || base.host().is_none() {
+            return Err(ClientError::BadUrl(format!("{base_url:?}: no host")));
+        }
+        base.set_query(None);
+        base.set_fragment(None);
+        Ok(Self { base, http })
+    }
+
+    /// The store's base URL.
+    pub fn base_url(&self) -> &Url {
+        &self.base
+    }
+
+    /// The URL of `segments` under the base; each segment is percent-encoded
+    /// (a twin id may contain `/`, spaces, anything printable).
+    fn url(&self, segments: &[&str]) -> Result<Url, ClientError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| ClientError::BadUrl(self.base.to_string()))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
+    }
+
+    /// Send a request; a non-2xx response becomes the matching error.
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let resp = req.send().await?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let body = resp.bytes().await?;
+        Err(from_response(status.as_u16(), &body))
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        segments: &[&str],
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<T, ClientError> {
+        let mut req = self.http.request(method, self.url(segments)?);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        Ok(self.send(req).await?.json().await?)
+    }
+
+    /// Take a lease on `scope` (`partition/<p>` or `twin/<id>`) for `ttl`
+    /// (100 ms to 24 h, whole milliseconds). One request: nothing renews it.
+    ///
+    /// `Err(LeaseHeld)` while another holder's lease is live. The same holder
+    /// acquiring again gets a new lease and token; its old lease is superseded.
+    pub async fn acquire(
+        &self,
+        scope: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<LeaseGrant, ClientError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let body = json!({ "scope": scope, "holder": holder, "ttl_ms": ttl_ms });
+        self.json(Method::POST, &["v1", "leases"], Some(&body))
+            .await
+    }
+
+    /// Restart a lease's TTL. `Err(LeaseGone)` once it expired, was
+    /// superseded or released.
+    pub async fn renew(&self, lease_id: &str) -> Result<LeaseGrant, ClientError> {
+        self.json(
+            Method::POST,
+            &["v1", "leases", lease_id, "renew"],
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Release a lease so the scope can be granted at once.
+    pub async fn release(&self, lease_id: &str) -> Result<(), ClientError> {
+        let req = self.http.delete(self.url(&["v1", "leases", lease_id])?);
+        self.send(req).await?;
+        Ok(())
+    }
+
+    /// Take a lease and keep it renewed in the background until the returned
+    /// guard is dropped or released. See [`Lease`] for what `lost()` does and
+    /// does not promise.
+    pub async fn lease(
+        &self,
+        scope: &str,
+        holder: &str,
+        ttl: Duration,
+        opts: LeaseOptions,
+    ) -> Result<Lease, ClientError> {
+        Lease::acquire(self.clone(), scope, holder, ttl, opts).await
+    }
+
+    /// Append `events` to `twin` under fencing token `token`, all or none.
+    ///
+    /// Retries: only when **every** event has an `event_id` (the store then
+    /// dedupes a batch that did land), and only on transport failures
+    /// (connect, timeout, connection dropped), at most [`APPEND_ATTEMPTS`]
+    /// attempts with a short backoff. A response with any HTTP status is
+    /// never retried. Without ids a transport error is returned as is: the
+    /// batch may or may not have been stored; read the twin's events to tell.
+    ///
+    /// After a retry, an error can hide an earlier attempt that did land
+    /// (e.g. `Stale` because another lease was granted in between); the
+    /// events' ids tell which.
+    pub async fn append(
+        &self,
+        twin: &str,
+        token: u64,
+        events: &[Event],
+    ) -> Result<Appended, ClientError> {
+        let idempotent = !events.is_empty() && events.iter().all(|e| e.event_id.is_some());
+        let mut attempt = 1;
+        loop {
+            match self.append_once(twin, token, None, events).await {
+                Err(ClientError::Transport(e))
+                    if idempotent && attempt < APPEND_ATTEMPTS && retryable(&e) =>
+                {
+                    let wait = APPEND_BACKOFF * 2u32.pow(attempt - 1);
+                    tracing::debug!(twin, token, attempt, error = %e, ?wait, "retrying idempotent append");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Append only if the twin's version (its ETag) is still `version`;
+    /// otherwise `Api { status: 412, error: "version_mismatch", .. }`.
+    ///
+    /// Never retried, even with event ids: the store checks the version
+    /// before it dedupes, so a retry of a batch that did land would report
+    /// `version_mismatch` rather than `duplicates`.
+    pub async fn append_if_match(
+        &self,
+        twin: &str,
+        token: u64,
+        version: u64,
+        events: &[Event],
+    ) -> Result<Appended, ClientError> {
+        self.append_once(twin, token, Some(version), events).await
+    }
+
+    async fn append_once(
+        &self,
+        twin: &str,
+        token: u64,
+        if_match: Option<u64>,
+        events: &[Event],
+    ) -> Result<Appended, ClientError> {
+        let mut req = self
+            .http
+            .post(self.url(&["v1", "twins", twin, "events"])?)
+            .header("fencing-token", token.to_string())
+            .json(events);
+        if let Some(v) = if_match {
+            req = req.header(reqwest::header::IF_MATCH, format!("\"{v}\""));
+        }
+        Ok(self.send(req).await?.json().await?)
+    }
+
+    /// The twin's current state; `None` if it has no events.
+    pub async fn twin(&self, twin: &str) -> Result<Option<TwinState>, ClientError> {
+        match self
+            .json(Method::GET, &["v1", "twins", twin], None::<&()>)
+            .await
+        {
+            Ok(state) => Ok(Some(state)),
+            Err(ClientError::Api {
+                status: 404, error, ..
+            }) if error == "twin_not_found" => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Up to `limit` of the twin's events with partition seq above `after`,
+    /// oldest first (the server caps `limit`, by default at 1000). Page on by
+    /// passing the last event's `seq` as `after`.
+    pub async fn events(
+        &self,
+        twin: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, ClientError> {
+        let mut url = self.url(&["v1", "twins", twin, "events"])?;
+        url.query_pairs_mut()
+            .append_pair("after", &after.to_string())
+            .append_pair("limit", &limit.to_string());
+        let page: EventPage = self.send(self.http.get(url)).await?.json().await?;
+        Ok(page.events)
+    }
+}
+
+/// Transport failures after which an idempotent request may be sent again:
+/// no connection, a timeout, or the connection failing mid-request. Not
+/// builder, redirect or decode errors (a response did arrive).
+fn retryable(e: &reqwest::Error) -> bool {
+    e.is_connect() || e.is_timeout() || (e.is_request() && !e.is_builder())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls() {
+        assert!(matches!(
+            Client::new("not a url"),
+            Err(ClientError::BadUrl(_))
+        ));
+        assert!(matches!(
+            Client::new("ftp://x/"),
+            Err(ClientError::BadUrl(_))
+        ));
+        assert!(matches!(
+            Client::new("mailto:a@b"),
+            Err(ClientError::BadUrl(_))
+        ));
+        let c = Client::new("http://127.0.0.1:7070").unwrap();
+        assert_eq!(
+            c.url(&["v1", "twins", "a/b c?", "events"])
+                .unwrap()
+                .as_str(),
+            "http://127.0.0.1:7070/v1/twins/a%2Fb%20c%3F/events"
+        );
+        // A path prefix (behind a proxy) is kept, with or without a slash.
+        for base in ["http://h/palisade", "http://h/palisade/?x=1"] {
+            let c = Client::new(base).unwrap();
+            assert_eq!(
+                c.url(&["v1", "leases"]).unwrap().as_str(),
+                "http://h/palisade/v1/leases"
+            );
+        }
+    }
+}

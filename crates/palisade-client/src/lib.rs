@@ -1,0 +1,57 @@
+//! Rust client for Palisade's HTTP API (`docs/http-api.md`).
+//!
+//! - [`Client`]: leases (acquire, renew, release), fenced appends, reads.
+//! - [`Lease`]: a lease kept renewed in the background, whose
+//!   [`lost`](Lease::lost) future lets a healthy but partitioned worker stop
+//!   early. It is an optimisation, never the safety mechanism: the store's
+//!   fencing check is what refuses a stale writer, and it reaches you as the
+//!   typed [`ClientError::Stale`].
+//! - Appends are retried only where it is safe: on transport failures, and
+//!   only when every event has an `event_id` (the store dedupes by it).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use palisade_client::{Client, ClientError, Event, LeaseOptions};
+//! use serde_json::json;
+//!
+//! # async fn run() -> Result<(), ClientError> {
+//! let client = Client::new("http://127.0.0.1:7070")?;
+//! let lease = client
+//!     .lease("twin/pump-7", "worker-a", Duration::from_secs(10), LeaseOptions::default())
+//!     .await?;
+//!
+//! for n in 0..100u64 {
+//!     // Optimisation: stop early once the guard knows the lease is gone.
+//!     // (Or race `lease.lost()` against your work in a `tokio::select!`.)
+//!     if lease.is_lost() {
+//!         break;
+//!     }
+//!     let batch = [Event::new("reading", json!({ "rpm": 1200 + n })).with_id(format!("worker-a-{n}"))];
+//!     match lease.append("pump-7", &batch).await {
+//!         Ok(a) => println!("stored at seq {:?}", a.seqs),
+//!         // The safety mechanism: a later lease exists and the store fenced us off.
+//!         Err(ClientError::Stale { token, fence }) => {
+//!             eprintln!("token {token} fenced off by {fence}; stopping");
+//!             break;
+//!         }
+//!         Err(e) => return Err(e),
+//!     }
+//! }
+//!
+//! let state = client.twin("pump-7").await?;
+//! println!("{state:?}");
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod error;
+mod lease;
+mod types;
+
+pub use client::{Client, APPEND_ATTEMPTS, APPEND_BACKOFF, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+pub use error::ClientError;
+pub use lease::{Lease, LeaseOptions};
+pub use palisade_core::{Hlc, Scope};
+pub use types::{Appended, Event, LeaseGrant, StoredEvent, TwinState};

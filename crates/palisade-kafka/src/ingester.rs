@@ -1,0 +1,484 @@
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_core::PartitionId;
+use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Store};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::ClientContext;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, info, instrument, warn};
+
+use crate::decode::{decode, RawRecord};
+
+/// Settings of the Kafka ingester (`palisade serve --kafka-*`).
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// Bootstrap servers, `host:port[,host:port]`.
+    pub brokers: String,
+    pub topic: String,
+    pub group: String,
+    /// Also produce each dead-lettered record to this topic (best effort;
+    /// the durable copy is the store's dead-letter store).
+    pub dead_letter_topic: Option<String>,
+    /// Largest record value accepted; larger ones are dead-lettered.
+    pub max_value_bytes: usize,
+    /// Extra librdkafka settings passed through (TLS, SASL, timeouts).
+    pub client_settings: Vec<(String, String)>,
+    /// How long to wait for the topic to appear before giving up.
+    pub topic_wait: Duration,
+}
+
+impl IngestConfig {
+    pub fn new(brokers: impl Into<String>) -> Self {
+        Self {
+            brokers: brokers.into(),
+            topic: "twin-events".into(),
+            group: "palisade".into(),
+            dead_letter_topic: None,
+            max_value_bytes: 1 << 20,
+            client_settings: Vec::new(),
+            topic_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaIngestError {
+    #[error("kafka client error: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("topic {topic} has {topic_partitions} partitions but the store has {store_partitions}; they must be equal (Kafka partition p feeds Palisade partition p)")]
+    PartitionMismatch {
+        topic: String,
+        topic_partitions: usize,
+        store_partitions: u32,
+    },
+    #[error("topic {topic} did not appear within {waited:?}")]
+    NoTopic { topic: String, waited: Duration },
+    #[error("the store refused to ingest: {0}")]
+    Store(#[from] AppendError),
+}
+
+/// Resumes every newly assigned partition at the offset stored with the data,
+/// not at the group's committed offset: the committed offset can lag (or
+/// lead) what the store applied, the stored one cannot.
+struct IngestContext {
+    store: Arc<Store>,
+    topic: String,
+}
+
+impl ClientContext for IngestContext {}
+
+impl ConsumerContext for IngestContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let parts: Vec<i32> = tpl
+                    .elements_for_topic(&self.topic)
+                    .iter()
+                    .map(|e| e.partition())
+                    .collect();
+                for p in &parts {
+                    let resume = u32::try_from(*p)
+                        .ok()
+                        .and_then(|p| self.store.source_offset(PartitionId(p)).ok().flatten())
+                        .map_or(Offset::Beginning, |o| {
+                            Offset::Offset(i64::try_from(o).unwrap_or(i64::MAX - 1) + 1)
+                        });
+                    if let Err(e) = tpl.set_partition_offset(&self.topic, *p, resume) {
+                        error!(partition = p, error = %e, "cannot set resume offset");
+                    }
+                    info!(partition = p, ?resume, "assigned");
+                }
+                if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                info!(partitions = ?tpl.elements().iter().map(|e| e.partition()).collect::<Vec<_>>(), "revoked");
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
+            }
+            other => {
+                error!(error = ?other, "rebalance error");
+                consumer.unassign()
+            }
+        };
+        if let Err(e) = result {
+            error!(error = %e, "applying the rebalance failed");
+        }
+    }
+}
+
+type Consumer_ = StreamConsumer<IngestContext>;
+
+/// A record queued in its partition's writer, waiting for its outcome.
+struct Pending {
+    partition: i32,
+    offset: i64,
+    outcome: oneshot::Receiver<Result<IngestOutcome, AppendError>>,
+}
+
+/// The consumer-group member that feeds the store.
+#[derive(Debug)]
+pub struct Ingester;
+
+impl Ingester {
+    /// Consume until `shutdown` completes. Transient failures (broker gone,
+    /// a storage error on one batch) restart the consumer after a pause; it
+    /// resumes from the offsets stored with the data, so nothing is applied
+    /// twice or skipped. Returns an error only for misconfiguration.
+    pub async fn run(
+        store: Arc<Store>,
+        cfg: IngestConfig,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), KafkaIngestError> {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                r = Self::run_once(store.clone(), &cfg) => match r {
+                    Err(e @ (KafkaIngestError::PartitionMismatch { .. } | KafkaIngestError::NoTopic { .. })) => return Err(e),
+                    Err(e) => {
+                        error!(error = %e, "kafka ingest stopped; restarting from the stored offsets");
+                        store.metrics().add("palisade_kafka_restarts_total", "Kafka consumer restarts after an error.", &[], 1);
+                    }
+                    Ok(()) => {}
+                },
+            }
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    #[instrument(skip_all, fields(topic = %cfg.topic, group = %cfg.group))]
+    async fn run_once(store: Arc<Store>, cfg: &IngestConfig) -> Result<(), KafkaIngestError> {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &cfg.brokers)
+            .set("group.id", &cfg.group)
+            .set("enable.auto.commit", "true")
+            // Offsets are stored only once their record's outcome is durable.
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false");
+        for (k, v) in &cfg.client_settings {
+            cc.set(k, v);
+        }
+        let consumer: Arc<Consumer_> = Arc::new(cc.create_with_context(IngestContext {
+            store: store.clone(),
+            topic: cfg.topic.clone(),
+        })?);
+        check_topic(&consumer, &store, cfg).await?;
+        consumer.subscribe(&[&cfg.topic])?;
+        let dlq = match &cfg.dead_letter_topic {
+            Some(t) => {
+                let mut pc = ClientConfig::new();
+                pc.set("bootstrap.servers", &cfg.brokers);
+                for (k, v) in &cfg.client_settings {
+                    pc.set(k, v);
+                }
+                Some((pc.create::<FutureProducer>()?, t.clone()))
+            }
+            None => None,
+        };
+        info!("consuming");
+
+        let (tx, rx) = mpsc::channel::<Pending>(8192);
+        let acks = tokio::spawn(acknowledge(
+            consumer.clone(),
+            store.clone(),
+            cfg.topic.clone(),
+            rx,
+        ));
+        let lag = tokio::spawn(report_lag(
+            consumer.clone(),
+            store.clone(),
+            cfg.topic.clone(),
+        ));
+        let result = async {
+            loop {
+                let msg = tokio::select! {
+                    m = consumer.recv() => m?,
+                    // The acknowledger stops only on a failed batch.
+                    () = tx.closed() => return Ok(()),
+                };
+                let (partition, offset) = (msg.partition(), msg.offset());
+                let record = to_record(&msg, store.partitions(), cfg.max_value_bytes);
+                let forward = match (&record, &dlq) {
+                    (IngestRecord::Dead(dl), Some(_)) => Some(DeadCopy::of(&msg, dl)),
+                    _ => None,
+                };
+                // A borrowed message is not Send: nothing below may hold it.
+                drop(msg);
+                if let (Some(copy), Some((producer, topic))) = (forward, &dlq) {
+                    copy.send(producer, topic).await;
+                }
+                let (Ok(p), Ok(o)) = (u32::try_from(partition), u64::try_from(offset)) else {
+                    warn!(
+                        partition,
+                        offset, "record with a negative partition or offset ignored"
+                    );
+                    continue;
+                };
+                let outcome = store.enqueue_ingest(PartitionId(p), o, record).await?;
+                if tx
+                    .send(Pending {
+                        partition,
+                        offset,
+                        outcome,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        drop(tx);
+        let acked = acks.await.unwrap_or(Ok(()));
+        lag.abort();
+        if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+            warn!(error = %e, "final offset commit to Kafka failed (lag tooling only; the store has its offsets)");
+        }
+        result.and(acked)
+    }
+}
+
+async fn check_topic(
+    consumer: &Consumer_,
+    store: &Store,
+    cfg: &IngestConfig,
+) -> Result<(), KafkaIngestError> {
+    let started = std::time::Instant::now();
+    loop {
+        let md = consumer.fetch_metadata(Some(&cfg.topic), Duration::from_secs(5));
+        if let Ok(md) = &md {
+            if let Some(t) = md.topics().iter().find(|t| {
+                t.name() == cfg.topic && t.error().is_none() && !t.partitions().is_empty()
+            }) {
+                let n = t.partitions().len();
+                if n != store.partitions() as usize {
+                    return Err(KafkaIngestError::PartitionMismatch {
+                        topic: cfg.topic.clone(),
+                        topic_partitions: n,
+                        store_partitions: store.partitions(),
+                    });
+                }
+                return Ok(());
+            }
+        }
+        if started.elapsed() > cfg.topic_wait {
+            return match md {
+                Err(e) => Err(e.into()),
+                Ok(_) => Err(KafkaIngestError::NoTopic {
+                    topic: cfg.topic.clone(),
+                    waited: cfg.topic_wait,
+                }),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn to_record(msg: &BorrowedMessage<'_>, partitions: u32, max_value_bytes: usize) -> IngestRecord {
+    let headers: Vec<(&str, Option<&[u8]>)> = msg
+        .headers()
+        .map(|h| {
+            (0..h.count())
+                .map(|i| h.get(i))
+                .map(|h| (h.key, h.value))
+                .collect()
+        })
+        .unwrap_or_default();
+    let raw = RawRecord {
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key(),
+        value: msg.payload(),
+        headers: &headers,
+    };
+    match decode(&raw, partitions, max_value_bytes) {
+        Ok(d) => IngestRecord::Append {
+            twin: d.twin,
+            token: d.token,
+            events: d.events,
+        },
+        Err(refusal) => IngestRecord::Dead(DeadLetter {
+            partition: u32::try_from(msg.partition()).unwrap_or(0),
+            offset: u64::try_from(msg.offset()).unwrap_or(0),
+            key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            reason: refusal.reason.to_owned(),
+            detail: refusal.detail,
+            headers: headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        (*k).to_owned(),
+                        v.map(|v| String::from_utf8_lossy(v).into_owned())
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect(),
+            value: msg
+                .payload()
+                .map(|v| v[..v.len().min(palisade_log::DEAD_LETTER_VALUE_BYTES)].to_vec())
+                .unwrap_or_default(),
+            value_len: msg.payload().map_or(0, |v| v.len() as u64),
+            at_ms: 0,
+        }),
+    }
+}
+
+/// An owned copy of a dead record, forwarded to the dead-letter topic.
+struct DeadCopy {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: OwnedHeaders,
+}
+
+impl DeadCopy {
+    fn of(msg: &BorrowedMessage<'_>, dl: &DeadLetter) -> Self {
+        let mut headers = OwnedHeaders::new();
+        if let Some(h) = msg.headers() {
+            for i in 0..h.count() {
+                let h = h.get(i);
+                headers = headers.insert(rdkafka::message::Header {
+                    key: h.key,
+                    value: h.value,
+                });
+            }
+        }
+        headers = headers.insert(rdkafka::message::Header {
+            key: "palisade-dead-reason",
+            value: Some(dl.reason.as_bytes()),
+        });
+        let source = format!("{}/{}/{}", msg.topic(), msg.partition(), msg.offset());
+        headers = headers.insert(rdkafka::message::Header {
+            key: "palisade-source",
+            value: Some(source.as_bytes()),
+        });
+        Self {
+            key: msg.key().map(<[u8]>::to_vec),
+            value: msg.payload().map(<[u8]>::to_vec),
+            headers,
+        }
+    }
+
+    /// Best effort: the durable copy is the store's dead-letter store.
+    async fn send(self, producer: &FutureProducer, topic: &str) {
+        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(self.headers);
+        if let Some(k) = &self.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = &self.value {
+            rec = rec.payload(v.as_slice());
+        }
+        if let Err((e, _)) = producer.send(rec, Duration::from_secs(5)).await {
+            warn!(error = %e, "could not forward a dead letter to the dead-letter topic (it is in the store)");
+        }
+    }
+}
+
+/// Await each record's outcome in order, count it, and store its offset for
+/// the group commit (lag tooling). A failed outcome stops the consumer: the
+/// record was not applied and its offset not stored, so a restart resumes at it.
+async fn acknowledge(
+    consumer: Arc<Consumer_>,
+    store: Arc<Store>,
+    topic: String,
+    mut rx: mpsc::Receiver<Pending>,
+) -> Result<(), KafkaIngestError> {
+    const HELP: &str = "Kafka records handled, by outcome.";
+    while let Some(p) = rx.recv().await {
+        let outcome = match p.outcome.await {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(AppendError::Closed.into()),
+        };
+        let part = p.partition.to_string();
+        let name = match &outcome {
+            IngestOutcome::Applied(_) => "applied",
+            IngestOutcome::AlreadyApplied => "already_applied",
+            IngestOutcome::Dropped(_) => "dropped_stale",
+            IngestOutcome::DeadLettered { .. } => "dead_lettered",
+        };
+        store.metrics().add(
+            "palisade_kafka_records_total",
+            HELP,
+            &[("outcome", name), ("partition", &part)],
+            1,
+        );
+        if let Err(e) = consumer.store_offset(&topic, p.partition, p.offset + 1) {
+            // Happens after a revoke; harmless, the store has the offset.
+            warn!(partition = p.partition, error = %e, "could not store the offset for the group commit");
+        }
+    }
+    Ok(())
+}
+
+/// Lag per assigned partition: high watermark minus the next offset to apply.
+/// For dashboards only: some brokers (tansu 0.6) report wrong watermarks,
+/// and nothing depends on this number.
+async fn report_lag(consumer: Arc<Consumer_>, store: Arc<Store>, topic: String) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        // A partition list is not Send: copy the numbers out first.
+        let parts: Vec<i32> = match consumer.assignment() {
+            Ok(a) => a
+                .elements_for_topic(&topic)
+                .iter()
+                .map(|e| e.partition())
+                .collect(),
+            Err(_) => continue,
+        };
+        for p in parts {
+            let c = consumer.clone();
+            let t = topic.clone();
+            let Ok(Ok((_, high))) = tokio::task::spawn_blocking(move || {
+                c.fetch_watermarks(&t, p, Duration::from_secs(2))
+            })
+            .await
+            else {
+                continue;
+            };
+            let next = u32::try_from(p)
+                .ok()
+                .and_then(|p| store.source_offset(PartitionId(p)).ok().flatten())
+                .map_or(0, |o| o.saturating_add(1));
+            #[allow(clippy::cast_precision_loss)]
+            let lag = (high.max(0) as u64).saturating_sub(next) as f64;
+            store.metrics().set_gauge(
+                "palisade_kafka_lag",
+                "Records in Kafka not yet applied (high watermark - next offset).",
+                &[("partition", &p.to_string())],
+                lag,
+            );
+        }
+    }
+}
