@@ -28,8 +28,16 @@ async fn main() -> anyhow::Result<()> {
             let store = Arc::new(palisade::log::Store::open(dir.path(), Default::default())?);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let base = format!("http://{}", listener.local_addr()?);
-            tokio::spawn(palisade::http::run(listener, store, Default::default(), std::future::pending()));
-            println!("embedded store at {base} (data in {})", dir.path().display());
+            tokio::spawn(palisade::http::run(
+                listener,
+                store,
+                Default::default(),
+                std::future::pending(),
+            ));
+            println!(
+                "embedded store at {base} (data in {})",
+                dir.path().display()
+            );
             (base, Some(dir))
         }
     };
@@ -52,13 +60,21 @@ async fn main() -> anyhow::Result<()> {
         })
     };
 
-    println!("A pauses for {} ms (longer than its {TTL_MS} ms lease)...", 2 * TTL_MS);
+    println!(
+        "A pauses for {} ms (longer than its {TTL_MS} ms lease)...",
+        2 * TTL_MS
+    );
     tokio::time::sleep(Duration::from_millis(2 * TTL_MS)).await;
     let b_token = b.await??;
     let r = write(&http, &base, a.1, "stale-from-A").await?;
     println!("A wakes up and writes with token {}: {r}", a.1);
 
-    let state: Value = http.get(format!("{base}/v1/twins/{TWIN}")).send().await?.json().await?;
+    let state: Value = http
+        .get(format!("{base}/v1/twins/{TWIN}"))
+        .send()
+        .await?
+        .json()
+        .await?;
     println!("final state: {} (fence {})", state["state"], state["fence"]);
     if state["state"]["value"] != "fresh-from-B" || state["fence"] != b_token {
         bail!("the stale write won: this store is not fencing");
@@ -67,7 +83,12 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn acquire(http: &reqwest::Client, base: &str, scope: &str, holder: &str) -> anyhow::Result<(String, u64)> {
+async fn acquire(
+    http: &reqwest::Client,
+    base: &str,
+    scope: &str,
+    holder: &str,
+) -> anyhow::Result<(String, u64)> {
     let r = http
         .post(format!("{base}/v1/leases"))
         .json(&json!({ "scope": scope, "holder": holder, "ttl_ms": TTL_MS }))
@@ -79,10 +100,18 @@ async fn acquire(http: &reqwest::Client, base: &str, scope: &str, holder: &str) 
     if !status.is_success() {
         bail!("acquire by {holder} refused: {status} {body}");
     }
-    Ok((body["lease_id"].as_str().unwrap_or_default().to_owned(), body["token"].as_u64().unwrap_or_default()))
+    Ok((
+        body["lease_id"].as_str().unwrap_or_default().to_owned(),
+        body["token"].as_u64().unwrap_or_default(),
+    ))
 }
 
-async fn write(http: &reqwest::Client, base: &str, token: u64, value: &str) -> anyhow::Result<String> {
+async fn write(
+    http: &reqwest::Client,
+    base: &str,
+    token: u64,
+    value: &str,
+) -> anyhow::Result<String> {
     let r = http
         .post(format!("{base}/v1/twins/{TWIN}/events"))
         .header("Fencing-Token", token)
@@ -94,6 +123,12 @@ async fn write(http: &reqwest::Client, base: &str, token: u64, value: &str) -> a
     Ok(if status.is_success() {
         format!("accepted (seq {})", body["seqs"][0])
     } else {
-        format!("refused: {} {} (token {}, fence {})", status.as_u16(), body["error"], body["token"], body["fence"])
+        format!(
+            "refused: {} {} (token {}, fence {})",
+            status.as_u16(),
+            body["error"],
+            body["token"],
+            body["fence"]
+        )
     })
 }

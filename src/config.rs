@@ -31,6 +31,41 @@ pub enum Command {
     /// until SIGTERM or Ctrl-C. With --probe it starts no cluster and instead asks
     /// a running broker for its metadata (used by scripts/kafka-broker).
     DevKafka(DevKafkaConfig),
+    /// Publish one twin event to Kafka under a fencing token (for scripts).
+    Publish(PublishConfig),
+}
+
+/// `palisade publish`: one event to the twin-events topic, with the same
+/// headers and partitioning a worker's publisher uses.
+#[derive(Debug, Clone, Args)]
+pub struct PublishConfig {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "PALISADE_KAFKA_BROKERS")]
+    pub brokers: String,
+    #[arg(long, env = "PALISADE_KAFKA_TOPIC", default_value = "twin-events")]
+    pub topic: String,
+    /// Partition count of the topic (= the store's): the record goes to
+    /// `murmur2(twin) mod N`, as Palisade computes it.
+    #[arg(long, env = "PALISADE_PARTITIONS", default_value_t = 16)]
+    pub partitions: u32,
+    /// The twin id (the record key).
+    #[arg(long)]
+    pub twin: String,
+    /// Your lease's fencing token.
+    #[arg(long, env = "PALISADE_FENCING_TOKEN")]
+    pub token: u64,
+    /// Event type.
+    #[arg(long = "type", default_value = "update")]
+    pub event_type: String,
+    /// The JSON merge patch (an object).
+    #[arg(long)]
+    pub patch: String,
+    /// Idempotency key (default: random).
+    #[arg(long)]
+    pub event_id: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `palisade serve` settings; every flag is also an environment variable.

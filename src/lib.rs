@@ -14,4 +14,5 @@ pub use palisade_twin as twin;
 
 pub mod config;
 pub mod dev_kafka;
+pub mod publish;
 pub mod serve;

@@ -15,6 +15,7 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(cfg) => palisade::serve::serve(cfg).await,
         Command::DevKafka(cfg) => palisade::dev_kafka::run(cfg).await,
+        Command::Publish(cfg) => palisade::publish::publish(cfg).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

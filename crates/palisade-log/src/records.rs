@@ -45,6 +45,10 @@ pub(crate) struct PartitionMeta {
     pub fence: u64,
     /// Sequence number of the latest event (0: empty).
     pub head: u64,
+    /// Greatest HLC of any event in the partition. On open the store's clock
+    /// is moved past it, so that an event stamped after a restart is never
+    /// ordered before one accepted (up to the allowed drift ahead) before it.
+    pub max_hlc: Option<Hlc>,
 }
 
 impl PartitionMeta {

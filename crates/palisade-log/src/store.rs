@@ -350,20 +350,34 @@ impl Store {
             .await
             .map_err(|_| AppendError::Closed)?;
         match rx.await.map_err(|_| AppendError::Closed)? {
-            Err(AppendError::NotIssued { token }) if token.0 != 0 && token <= self.last_token() => {
-                // Issued, but not for a scope this twin's partition enforces.
-                let scope = self.authority().scope_of_token(token);
-                self.metrics.rejected("token_scope_mismatch");
-                match scope {
-                    Some(scope) => Err(AppendError::WrongScope {
+            Err(AppendError::NotIssued { token }) => {
+                // The writer only knows the token was not granted for its
+                // partition: tell "never issued" from "issued elsewhere".
+                let scope = (token.0 != 0 && token <= self.last_token())
+                    .then(|| self.authority().scope_of_token(token))
+                    .flatten();
+                let e = match scope {
+                    Some(scope) => AppendError::WrongScope {
                         token,
                         scope,
-                        twin: twin_for_error,
-                    }),
-                    // Drawn from the counter but its grant never completed
-                    // (e.g. a crash between the two steps of `acquire`).
-                    None => Err(AppendError::NotIssued { token }),
-                }
+                        twin: twin_for_error.clone(),
+                    },
+                    // Never issued, or drawn from the counter without its grant
+                    // completing (a crash between the two steps of `acquire`).
+                    None => AppendError::NotIssued { token },
+                };
+                self.metrics.rejected(e.reason());
+                self.rejections.push(Rejection {
+                    at_ms: crate::ingest::now_ms(),
+                    source: "http",
+                    partition: p,
+                    offset: None,
+                    twin: twin_for_error,
+                    token,
+                    reason: e.reason(),
+                    detail: e.to_string(),
+                });
+                Err(e)
             }
             other => other,
         }

@@ -146,6 +146,13 @@ impl Writer {
                 keys::seq_of_event_key(&k).ok_or_else(|| damaged(&k, codec::CodecError::Empty))?;
             grants.insert(token, codec::decode(&v).map_err(|e| damaged(&k, e))?);
         }
+        if let Some(h) = meta.max_hlc {
+            if let Err(e) = shared.clock.observe(h) {
+                // Only if the wall clock went back by more than the allowed
+                // drift since the event was accepted.
+                tracing::warn!(partition = %partition, error = %e, "the store's clock is behind events already stored; new events may be ordered before them");
+            }
+        }
         let source_offset = match tree.get(keys::SOURCE_OFFSET).map_err(sled_err)? {
             Some(v) => Some(
                 keys::trailing_seq(&v)
@@ -359,6 +366,12 @@ impl Writer {
     ) -> Result<Appended, AppendError> {
         let r = self.try_append(cmd, pending);
         if let Err(e) = &r {
+            // For HTTP the store refines NotIssued (it may be WrongScope) and
+            // counts the final reason itself.
+            let refined_later = offset.is_none() && matches!(e, AppendError::NotIssued { .. });
+            if refined_later {
+                return r;
+            }
             self.shared.metrics.rejected(e.reason());
             if !matches!(e, AppendError::Storage(_) | AppendError::Closed) {
                 self.shared.rejections.push(Rejection {
@@ -529,6 +542,7 @@ impl Writer {
             let seq = self.meta.head + 1;
             self.meta.head = seq;
             let hlc = e.hlc.unwrap_or_else(|| self.shared.clock.now());
+            self.meta.max_hlc = self.meta.max_hlc.max(Some(hlc));
             // Validated above; a failure here would be a bug in validate.
             if let Err(err) = rec.state.apply(&e.patch, hlc) {
                 error!(%err, "patch passed validation but failed to apply");
