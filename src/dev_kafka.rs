@@ -127,7 +127,7 @@ pub async fn run(config: DevKafkaConfig) -> anyhow::Result<()> {
     out.flush()?;
     drop(out);
 
-    let shutdown = shutdown_signal();
+    let shutdown = crate::serve::shutdown_signal();
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(CONTROL_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -256,27 +256,6 @@ async fn probe(bootstrap: String, timeout: Duration) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
 }
 
 #[cfg(test)]

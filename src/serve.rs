@@ -81,7 +81,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     ingest_result.context("kafka ingestion failed")
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or Ctrl-C.
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
