@@ -21,6 +21,9 @@ mod reads;
 #[path = "04_bad_input.rs"]
 mod bad_input;
 
+#[path = "05_watch.rs"]
+mod watch;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use palisade::core::{partition_for, TwinId};

@@ -8,6 +8,7 @@
 
 mod error;
 mod routes;
+mod watch;
 mod wire;
 
 use std::future::Future;

@@ -18,9 +18,9 @@ use crate::wire::{hlc_text, EventOut, LeaseIn, LeaseOut};
 use crate::HttpConfig;
 
 #[derive(Debug, Clone)]
-struct AppState {
-    store: Arc<Store>,
-    config: HttpConfig,
+pub(crate) struct AppState {
+    pub(crate) store: Arc<Store>,
+    pub(crate) config: HttpConfig,
 }
 
 /// The API's routes over `store`.
@@ -36,6 +36,11 @@ pub fn router(store: Arc<Store>, config: HttpConfig) -> Router {
         .route("/v1/twins/{twin_id}/events", post(append).get(twin_events))
         .route("/v1/partitions", get(partitions))
         .route("/v1/partitions/{partition}/events", get(partition_events))
+        .route("/v1/twins/{twin_id}/watch", get(crate::watch::watch_twin))
+        .route(
+            "/v1/partitions/{partition}/watch",
+            get(crate::watch::watch_partition),
+        )
         .route("/v1/rejections", get(rejections))
         .route("/v1/dead-letters", get(dead_letters))
         .fallback(|| async {
@@ -215,7 +220,7 @@ struct TwinQuery {
     at_hlc: Option<String>,
 }
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t)
         .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
 }

@@ -55,6 +55,8 @@ pub struct Store {
     pub(crate) trees: Vec<sled::Tree>,
     writers: Vec<mpsc::Sender<Command>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Each partition's durable head, updated after every flush.
+    heads: Vec<tokio::sync::watch::Receiver<u64>>,
     pub(crate) authority: Arc<Mutex<LeaseAuthority>>,
     last_token: Arc<AtomicU64>,
     clock: Arc<Clock>,
@@ -141,11 +143,13 @@ impl Store {
         let mut trees = Vec::with_capacity(partitions as usize);
         let mut writers = Vec::with_capacity(partitions as usize);
         let mut threads = Vec::with_capacity(partitions as usize);
+        let mut heads = Vec::with_capacity(partitions as usize);
         for p in 0..partitions {
             let tree = db
                 .open_tree(format!("partition/{p:05}"))
                 .map_err(sled_err)?;
-            let writer = Writer::load(PartitionId(p), tree.clone(), shared.clone())?;
+            let (writer, head) = Writer::load(PartitionId(p), tree.clone(), shared.clone())?;
+            heads.push(head);
             let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
             let handle = std::thread::Builder::new()
                 .name(format!("palisade-p{p}"))
@@ -161,6 +165,7 @@ impl Store {
             trees,
             writers,
             threads: Mutex::new(threads),
+            heads,
             authority: Arc::new(Mutex::new(authority)),
             last_token,
             clock,
@@ -171,6 +176,14 @@ impl Store {
 
     pub fn partitions(&self) -> u32 {
         self.partitions
+    }
+
+    /// Watch a partition's durable head sequence number (for change
+    /// streams): it changes after each flush that appended events. Readers
+    /// then read the events after their last seen seq from the log, so a
+    /// missed wake-up never loses an event.
+    pub fn watch_head(&self, p: PartitionId) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.heads.get(p.0 as usize).cloned()
     }
 
     pub fn partition_of(&self, twin: &TwinId) -> PartitionId {

@@ -11,7 +11,7 @@ use std::time::Instant;
 use palisade_core::{codec, Clock, Event, FencingToken, NewEvent, PartitionId, Scope, TwinId};
 use palisade_core::{MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
 use palisade_twin::TwinState;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, error};
 
 use crate::error::{AppendError, OpenError};
@@ -99,6 +99,9 @@ pub(crate) struct Writer {
     source_offset: Option<u64>,
     /// Dead letters stored in this partition (bounded).
     dead_letters: u64,
+    /// The durable head: published after each flush, for live readers
+    /// (change streams), who then read the new events from sled.
+    head: watch::Sender<u64>,
     shared: Arc<Shared>,
 }
 
@@ -125,7 +128,7 @@ impl Writer {
         partition: PartitionId,
         tree: sled::Tree,
         shared: Arc<Shared>,
-    ) -> Result<Self, OpenError> {
+    ) -> Result<(Self, watch::Receiver<u64>), OpenError> {
         let damaged = |key: &[u8], source| OpenError::Damaged {
             tree: String::from_utf8_lossy(&tree.name()).into_owned(),
             key: key.to_vec(),
@@ -161,7 +164,8 @@ impl Writer {
             None => None,
         };
         let dead_letters = tree.scan_prefix([keys::DEAD_LETTER]).count() as u64;
-        Ok(Self {
+        let (head, head_rx) = watch::channel(meta.head);
+        let writer = Self {
             partition,
             tree,
             meta,
@@ -169,8 +173,10 @@ impl Writer {
             cache: HashMap::new(),
             source_offset,
             dead_letters,
+            head,
             shared,
-        })
+        };
+        Ok((writer, head_rx))
     }
 
     pub fn run(mut self, mut rx: mpsc::Receiver<Command>) {
@@ -260,6 +266,11 @@ impl Writer {
             .flushed(started.elapsed(), replies.len());
         match written {
             Ok(()) => {
+                self.head.send_if_modified(|h| {
+                    let changed = *h != self.meta.head;
+                    *h = self.meta.head;
+                    changed
+                });
                 if self.cache.len() + dirty.len() > CACHE_MAX {
                     self.cache.clear();
                 }
