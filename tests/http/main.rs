@@ -24,6 +24,9 @@ mod bad_input;
 #[path = "05_watch.rs"]
 mod watch;
 
+#[path = "06_shadow.rs"]
+mod shadow;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use palisade::core::{partition_for, TwinId};

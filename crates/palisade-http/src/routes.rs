@@ -278,6 +278,7 @@ async fn get_twin(
         "partition": view.partition.0,
         "version": view.version,
         "fence": view.fence.0,
+        "delta": palisade_twin::delta(&view.state),
         "state": view.state,
         "hlc": hlc,
     }))

@@ -37,7 +37,9 @@
 //! ```
 
 mod patch;
+mod shadow;
 mod state;
 
 pub use patch::{PatchError, MAX_PATCH_DEPTH};
+pub use shadow::delta;
 pub use state::TwinState;
