@@ -27,6 +27,7 @@ pub(crate) struct AppState {
 pub fn router(store: Arc<Store>, config: HttpConfig) -> Router {
     let limit = config.max_body_bytes;
     Router::new()
+        .route("/", get(operator_page))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/leases", post(acquire))
@@ -51,6 +52,19 @@ pub fn router(store: Arc<Store>, config: HttpConfig) -> Router {
         })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(AppState { store, config })
+}
+
+/// The operator page: one self-contained HTML file (no build step) that
+/// reads the same JSON API and SSE streams as any client.
+async fn operator_page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("../assets/index.html"),
+    )
+        .into_response()
 }
 
 async fn healthz() -> Json<Value> {
