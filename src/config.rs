@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "palisade",
     version,
-    about = "A digital-twin event store where stale writers never win"
+    about = "A digital-twin event store where stale writers never win",
+    after_help = crate::cli::EXIT_CODES
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -19,7 +20,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the store: sled in a local folder, the lease authority in-process.
-    Serve(ServeConfig),
+    Serve(ServeArgs),
+    // lease, append, get, events, tail, partitions, config (src/cli.rs).
+    #[command(flatten)]
+    Client(crate::cli::CliCommand),
     /// Run a mock Kafka cluster (librdkafka's) on loopback, for trying things
     /// out and for tests only: NOT for production.
     ///
@@ -33,6 +37,101 @@ pub enum Command {
     DevKafka(DevKafkaConfig),
     /// Publish one twin event to Kafka under a fencing token (for scripts).
     Publish(PublishConfig),
+    /// Load benchmark: Palisade over HTTP beside its baselines, measured in
+    /// the same run (see docs/benchmarks.md).
+    ///
+    /// Prints one `BENCH <scenario> key=value ...` line per scenario on stdout,
+    /// writes a JSON result file and SVG plots; exits non-zero if a request
+    /// failed unexpectedly or the churn scenario found a stale write in the log.
+    Bench(BenchConfig),
+}
+
+/// What `palisade bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchScenario {
+    /// Fenced appends over HTTP (single events and batches) vs raw sled, a
+    /// do-nothing HTTP handler and the PostgreSQL fencing recipe.
+    Append,
+    /// GET twin state under concurrent appends vs a do-nothing handler.
+    Read,
+    /// Kafka records consumed, fenced, appended and committed vs raw consume.
+    Ingest,
+    /// Leases change hands under load; the log is checked for stale writes.
+    Churn,
+    /// The append load across partitions and twins, and recovery time vs log size.
+    Scaling,
+    /// All of the above, in that order.
+    All,
+}
+
+/// `palisade bench` settings; every flag is also a `PALISADE_BENCH_*` variable.
+#[derive(Debug, Clone, Args)]
+pub struct BenchConfig {
+    #[arg(value_enum)]
+    pub scenario: BenchScenario,
+    /// A running store to load (e.g. http://127.0.0.1:7070). Default: an
+    /// in-process store in a temporary folder, served over HTTP on 127.0.0.1:0.
+    /// `ingest` and `scaling` need the in-process store.
+    #[arg(long, env = "PALISADE_BENCH_URL")]
+    pub url: Option<String>,
+    /// Concurrent writers (request loops). Partition p's lease is held by
+    /// writer p mod W; with more writers than partitions, writers share a
+    /// partition's lease as tasks of one holder.
+    #[arg(long, env = "PALISADE_BENCH_WRITERS", default_value_t = 16)]
+    pub writers: usize,
+    /// Partitions of the in-process store (a --url store has its own count).
+    #[arg(long, env = "PALISADE_BENCH_PARTITIONS", default_value_t = 16)]
+    pub partitions: u32,
+    /// Twins the load is spread over (uniformly at random).
+    #[arg(long, env = "PALISADE_BENCH_TWINS", default_value_t = 1000)]
+    pub twins: u64,
+    /// Size of each event's patch, in bytes of compact JSON.
+    #[arg(long, env = "PALISADE_BENCH_EVENT_BYTES", default_value_t = 100)]
+    pub event_bytes: usize,
+    /// Events per append request (1 = single events). `append` also runs a
+    /// single-event case when this is above 1.
+    #[arg(long, env = "PALISADE_BENCH_BATCH", default_value_t = 100)]
+    pub batch: usize,
+    /// Measured seconds per case, after a warm-up (default 5; 0.6 with --quick).
+    #[arg(long, env = "PALISADE_BENCH_DURATION_SECS")]
+    pub duration_secs: Option<f64>,
+    /// Measure a fixed number of requests per case instead of a duration.
+    #[arg(
+        long,
+        env = "PALISADE_BENCH_REQUESTS",
+        conflicts_with = "duration_secs"
+    )]
+    pub requests: Option<u64>,
+    /// Run each scenario this many times; the report gives medians.
+    #[arg(long, env = "PALISADE_BENCH_REPEAT", default_value_t = 1)]
+    pub repeat: usize,
+    /// The JSON result file (default bench-results/<scenario>-<timestamp>.json).
+    #[arg(long, env = "PALISADE_BENCH_OUT")]
+    pub out: Option<PathBuf>,
+    /// Folder for the SVG plots (default: next to --out, `<out stem>-plots/`).
+    #[arg(long, env = "PALISADE_BENCH_PLOT_DIR")]
+    pub plot_dir: Option<PathBuf>,
+    /// A few seconds in total: short cases, small sizes (CI smoke run).
+    #[arg(long, env = "PALISADE_BENCH_QUICK")]
+    pub quick: bool,
+    /// Kafka bootstrap servers for `ingest`. Default: librdkafka's mock
+    /// cluster, started in-process (as `palisade dev-kafka`).
+    #[arg(long, env = "PALISADE_BENCH_KAFKA_BROKERS")]
+    pub kafka_brokers: Option<String>,
+    /// Records pre-loaded into the topic for `ingest` (default 200000; 20000 with --quick).
+    #[arg(long, env = "PALISADE_BENCH_INGEST_RECORDS")]
+    pub ingest_records: Option<u64>,
+    /// The PostgreSQL baseline: a connection URL, `auto` (start a throwaway
+    /// server from Debian's packages if initdb/pg_ctl are installed, else skip
+    /// with a notice) or `off`.
+    #[arg(long, env = "PALISADE_BENCH_POSTGRES", default_value = "auto")]
+    pub postgres: String,
+    /// `scaling`: also run with 1,000,000 twins (slow; off by default).
+    #[arg(long, env = "PALISADE_BENCH_MILLION_TWINS")]
+    pub million_twins: bool,
+    /// Folder for temporary stores and databases (default: the system's temp folder).
+    #[arg(long, env = "PALISADE_BENCH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
 }
 
 /// `palisade publish`: one event to the twin-events topic, with the same
@@ -66,6 +165,18 @@ pub struct PublishConfig {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `palisade serve`: its settings, optionally from a TOML file as well.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Read settings from this TOML file (keys as the long flags, with
+    /// underscores; see palisade.example.toml). Per setting: flag >
+    /// environment variable > file > default. Check one with `palisade config check`.
+    #[arg(long, env = "PALISADE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: ServeConfig,
 }
 
 /// `palisade serve` settings; every flag is also an environment variable.

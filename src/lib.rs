@@ -12,6 +12,8 @@ pub use palisade_lease as lease;
 pub use palisade_log as log;
 pub use palisade_twin as twin;
 
+pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod dev_kafka;
 pub mod publish;

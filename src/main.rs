@@ -1,4 +1,4 @@
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use palisade::config::{Cli, Command};
 use tracing_subscriber::EnvFilter;
 
@@ -11,11 +11,16 @@ async fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // Parsed in two steps: `serve --config` asks the matches where each value came from.
+    let matches = Cli::command().get_matches();
+    let cli =
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     let result = match cli.command {
-        Command::Serve(cfg) => palisade::serve::serve(cfg).await,
+        Command::Serve(args) => palisade::cli::serve(args, &matches).await,
+        Command::Client(cmd) => return palisade::cli::run(cmd, &matches).await,
         Command::DevKafka(cfg) => palisade::dev_kafka::run(cfg).await,
         Command::Publish(cfg) => palisade::publish::publish(cfg).await,
+        Command::Bench(cfg) => palisade::bench::run(cfg).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
