@@ -17,6 +17,8 @@ mod crash_restart;
 
 #[path = "03_partition_count.rs"]
 mod partition_count;
+#[path = "04_sigterm_with_watchers.rs"]
+mod sigterm_with_watchers;
 
 use serde_json::Value;
 use support::Client;

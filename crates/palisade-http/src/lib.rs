@@ -4,9 +4,11 @@
 //! [`run`] serves them on a listener until a shutdown future completes
 //! (mini-redis style, so tests bind port 0 and stop the server at will).
 //! Errors become status codes in one place, `error.rs`. The contract is
-//! documented in `docs/http-api.md`.
+//! documented in `docs/http-api.md`; its OpenAPI 3 description is generated
+//! from the handlers (`openapi.rs`) and served at `/v1/openapi.json`.
 
 mod error;
+mod openapi;
 mod routes;
 mod watch;
 mod wire;
@@ -50,7 +52,16 @@ pub async fn run(
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(store, config))
-        .with_graceful_shutdown(shutdown)
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let mut closed = closing.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        // Ends the change streams; graceful shutdown then finishes.
+        let _ = closing_tx.send(true);
+    });
+    axum::serve(listener, routes::router_closing(store, config, closing))
+        .with_graceful_shutdown(async move {
+            let _ = closed.wait_for(|c| *c).await;
+        })
         .await
 }

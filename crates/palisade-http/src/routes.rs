@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -11,20 +11,54 @@ use palisade_core::{FencingToken, LeaseId, PartitionId, Scope, TwinId};
 use palisade_lease::AcquireRequest;
 use palisade_log::{AsOf, Store};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
+use utoipa::IntoParams;
 
 use crate::error::ApiError;
-use crate::wire::{hlc_text, EventOut, LeaseIn, LeaseOut};
+use crate::openapi::{
+    ClockDriftError, ErrorBody, EventsIn, LeaseGoneError, LeaseHeldError, StaleTokenError,
+    TokenRefusedError, VersionMismatchError,
+};
+use crate::wire::{
+    hlc_text, AppendResponse, DeadLetterOut, DeadLettersResponse, EventOut, EventsPage, Health,
+    LeaseIn, LeaseOut, PartitionOut, PartitionsResponse, RejectionOut, RejectionsResponse,
+    TwinResponse,
+};
 use crate::HttpConfig;
 
 #[derive(Debug, Clone)]
 pub(crate) struct AppState {
     pub(crate) store: Arc<Store>,
     pub(crate) config: HttpConfig,
+    /// Turns true when the server starts shutting down: change streams end
+    /// then, or graceful shutdown would wait for them forever.
+    pub(crate) closing: tokio::sync::watch::Receiver<bool>,
+    /// Keeps `closing` open for a router built without a shutdown signal.
+    _keep_open: Option<Arc<tokio::sync::watch::Sender<bool>>>,
 }
 
-/// The API's routes over `store`.
+/// The API's routes over `store`, never closing its change streams (see
+/// [`crate::run`] for a server that ends them on shutdown).
 pub fn router(store: Arc<Store>, config: HttpConfig) -> Router {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    build(store, config, rx, Some(Arc::new(tx)))
+}
+
+/// The routes, with change streams that end once `closing` turns true.
+pub(crate) fn router_closing(
+    store: Arc<Store>,
+    config: HttpConfig,
+    closing: tokio::sync::watch::Receiver<bool>,
+) -> Router {
+    build(store, config, closing, None)
+}
+
+fn build(
+    store: Arc<Store>,
+    config: HttpConfig,
+    closing: tokio::sync::watch::Receiver<bool>,
+    keep_open: Option<Arc<tokio::sync::watch::Sender<bool>>>,
+) -> Router {
     let limit = config.max_body_bytes;
     Router::new()
         .route("/", get(operator_page))
@@ -44,19 +78,39 @@ pub fn router(store: Arc<Store>, config: HttpConfig) -> Router {
         )
         .route("/v1/rejections", get(rejections))
         .route("/v1/dead-letters", get(dead_letters))
+        .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .fallback(|| async {
             ApiError::not_found(
                 "no_such_route",
-                "no such route; the API is documented in docs/http-api.md",
+                "no such route; see /v1/openapi.json and docs/http-api.md",
+            )
+        })
+        // A known path with another method: JSON too (axum adds `Allow`).
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this path does not take that method; see the Allow header",
             )
         })
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(AppState { store, config })
+        .with_state(AppState {
+            store,
+            config,
+            closing,
+            _keep_open: keep_open,
+        })
 }
 
 /// The operator page: one self-contained HTML file (no build step) that
 /// reads the same JSON API and SSE streams as any client.
-async fn operator_page() -> Response {
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "operations",
+    responses((status = 200, description = "The operator page", content_type = "text/html", body = String))
+)]
+pub(crate) async fn operator_page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -67,11 +121,27 @@ async fn operator_page() -> Response {
         .into_response()
 }
 
-async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+/// Liveness.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "The store is serving", body = Health))
+)]
+pub(crate) async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".to_owned(),
+    })
 }
 
-async fn metrics(State(s): State<AppState>) -> Response {
+/// Prometheus metrics (text exposition format 0.0.4).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text", content_type = "text/plain", body = String))
+)]
+pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.store.metrics().render(),
@@ -99,16 +169,75 @@ fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError
         .map_err(|e| ApiError::bad_request("bad_json", format!("request body is not valid: {e}")))
 }
 
-fn twin_id(raw: String) -> Result<TwinId, ApiError> {
-    TwinId::new(raw).map_err(|e| ApiError::bad_request("bad_twin_id", e.to_string()))
+/// The path of the twin routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct TwinPath {
+    /// 1..256 bytes of UTF-8 without control characters (URL-encoded).
+    #[param(min_length = 1, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$")]
+    twin_id: String,
 }
 
-fn lease_id(raw: &str) -> Result<LeaseId, ApiError> {
-    raw.parse()
+/// The path of the partition routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct PartitionPath {
+    /// Partition number, below the partition count.
+    #[param(value_type = u32)]
+    partition: String,
+}
+
+/// The path of the lease routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct LeasePath {
+    /// The lease id: 32 hex characters.
+    #[param(pattern = "^[0-9a-fA-F]{32}$")]
+    lease_id: String,
+}
+
+/// A path; axum's own rejection (plain text, e.g. for `%FF`, which does not
+/// decode to UTF-8) becomes a JSON 400 named `error`.
+fn path<T>(p: Result<Path<T>, PathRejection>, error: &'static str) -> Result<T, ApiError> {
+    p.map(|Path(t)| t)
+        .map_err(|e| ApiError::bad_request(error, e.body_text()))
+}
+
+pub(crate) fn twin_id(p: Result<Path<TwinPath>, PathRejection>) -> Result<TwinId, ApiError> {
+    TwinId::new(path(p, "bad_twin_id")?.twin_id)
+        .map_err(|e| ApiError::bad_request("bad_twin_id", e.to_string()))
+}
+
+/// The partition number, unchecked against the partition count.
+pub(crate) fn partition(
+    p: Result<Path<PartitionPath>, PathRejection>,
+) -> Result<Option<u32>, ApiError> {
+    Ok(path(p, "bad_partition")?.partition.parse().ok())
+}
+
+fn lease_id(p: Result<Path<LeasePath>, PathRejection>) -> Result<LeaseId, ApiError> {
+    path(p, "bad_lease_id")?
+        .lease_id
+        .parse()
         .map_err(|e: palisade_core::IdError| ApiError::bad_request("bad_lease_id", e.to_string()))
 }
 
-async fn acquire(
+/// Acquire a lease on a partition or a twin: a new fencing token.
+#[utoipa::path(
+    post,
+    path = "/v1/leases",
+    tag = "leases",
+    request_body(content = LeaseIn, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Granted; the scope's fence is already raised to the token", body = LeaseOut),
+        (status = 400, description = "`bad_json`, `bad_scope`, `bad_ttl`, `bad_holder`, `unknown_partition`, `bad_body`", body = ErrorBody),
+        (status = 409, description = "`lease_held`: another holder's lease is live", body = LeaseHeldError),
+        (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 500, description = "`storage`, `tokens_exhausted`", body = ErrorBody),
+        (status = 503, description = "`closed` (shutting down), `lease_id_collision`; retry", body = ErrorBody),
+    )
+)]
+pub(crate) async fn acquire(
     State(s): State<AppState>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -129,19 +258,49 @@ async fn acquire(
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
-async fn renew(
+/// Renew a lease: same token, TTL restarted.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{lease_id}/renew",
+    tag = "leases",
+    params(LeasePath),
+    responses(
+        (status = 200, description = "Renewed", body = LeaseOut),
+        (status = 400, description = "`bad_lease_id`", body = ErrorBody),
+        (status = 404, description = "`lease_not_found`", body = ErrorBody),
+        (status = 410, description = "`lease_expired`, `lease_superseded` (`by_token`), `lease_released`", body = LeaseGoneError),
+        (status = 500, description = "`storage`", body = ErrorBody),
+        (status = 503, description = "`closed` (shutting down); retry", body = ErrorBody),
+    )
+)]
+pub(crate) async fn renew(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<LeasePath>, PathRejection>,
 ) -> Result<Json<LeaseOut>, ApiError> {
-    let lease = s.store.renew(lease_id(&id)?).await?;
+    let lease = s.store.renew(lease_id(id)?).await?;
     Ok(Json(LeaseOut::new(&lease, lease.ttl_ms)))
 }
 
-async fn release(
+/// Release a lease: its scope can be granted at once.
+#[utoipa::path(
+    delete,
+    path = "/v1/leases/{lease_id}",
+    tag = "leases",
+    params(LeasePath),
+    responses(
+        (status = 204, description = "Released"),
+        (status = 400, description = "`bad_lease_id`", body = ErrorBody),
+        (status = 404, description = "`lease_not_found`", body = ErrorBody),
+        (status = 410, description = "`lease_expired`, `lease_superseded` (`by_token`), `lease_released`", body = LeaseGoneError),
+        (status = 500, description = "`storage`", body = ErrorBody),
+        (status = 503, description = "`closed` (shutting down); retry", body = ErrorBody),
+    )
+)]
+pub(crate) async fn release(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<LeasePath>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    s.store.release(lease_id(&id)?).await?;
+    s.store.release(lease_id(id)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -184,9 +343,34 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     })
 }
 
-async fn append(
+/// Append one event or a batch to a twin, fenced by the lease's token.
+#[utoipa::path(
+    post,
+    path = "/v1/twins/{twin_id}/events",
+    tag = "events",
+    params(
+        TwinPath,
+        ("Fencing-Token" = u64, Header, description = "The token of your lease (decimal)"),
+        ("If-Match" = Option<String>, Header, nullable = false, pattern = "^(W/)?\"?[0-9]{1,20}\"?$", description = "Append only if the twin's version is this ETag, e.g. `\"12\"`"),
+    ),
+    request_body(content = EventsIn, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Appended (on disk) or acknowledged as duplicates", body = AppendResponse,
+            headers(("ETag" = String, description = "The twin's version, quoted"))),
+        (status = 400, description = "`missing_token`, `bad_token`, `bad_json`, `bad_patch`, `bad_event`, `bad_hlc`, \
+            `bad_if_match`, `bad_twin_id`, `no_events`, `bad_body`", body = ErrorBody),
+        (status = 403, description = "`token_not_issued`, `token_scope_mismatch` (`scope`)", body = TokenRefusedError),
+        (status = 409, description = "`stale_token`: a later grant covering this twin was seen", body = StaleTokenError),
+        (status = 412, description = "`version_mismatch`", body = VersionMismatchError),
+        (status = 413, description = "`body_too_large`, `batch_too_large`", body = ErrorBody),
+        (status = 422, description = "`clock_drift`: the event's HLC is too far ahead", body = ClockDriftError),
+        (status = 500, description = "`storage`", body = ErrorBody),
+        (status = 503, description = "`closed` (shutting down); retry", body = ErrorBody),
+    )
+)]
+pub(crate) async fn append(
     State(s): State<AppState>,
-    Path(twin): Path<String>,
+    twin: Result<Path<TwinPath>, PathRejection>,
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -212,13 +396,13 @@ async fn append(
     let done = s.store.append(twin, token, events, expected).await?;
     let mut resp = (
         StatusCode::CREATED,
-        Json(json!({
-            "partition": done.partition.0,
-            "seqs": done.seqs,
-            "duplicates": done.duplicates,
-            "fence": done.fence.0,
-            "version": done.version,
-        })),
+        Json(AppendResponse {
+            duplicates: done.duplicates,
+            fence: done.fence.0,
+            partition: done.partition.0,
+            seqs: done.seqs,
+            version: done.version,
+        }),
     )
         .into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", done.version)) {
@@ -227,10 +411,15 @@ async fn append(
     Ok(resp)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct TwinQuery {
+#[into_params(parameter_in = Query)]
+pub(crate) struct TwinQuery {
+    /// The state after the twin's events up to this partition seq.
     at_seq: Option<u64>,
+    /// The state from the twin's events with HLC <= this (`<ntp64>/<hex id>`).
+    /// Not together with `at_seq`.
+    #[param(pattern = "^[0-9]{1,20}/[0-9a-fA-F]*[1-9a-fA-F][0-9a-fA-F]*$")]
     at_hlc: Option<String>,
 }
 
@@ -239,9 +428,28 @@ pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiErro
         .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
 }
 
-async fn get_twin(
+/// A twin's state (now, or as of a seq or an HLC).
+#[utoipa::path(
+    get,
+    path = "/v1/twins/{twin_id}",
+    tag = "events",
+    params(
+        TwinPath,
+        ("If-None-Match" = Option<String>, Header, nullable = false, description = "The ETag you have: `304` if it is still current"),
+        TwinQuery,
+    ),
+    responses(
+        (status = 200, description = "The twin", body = TwinResponse,
+            headers(("ETag" = String, description = "The twin's version, quoted"))),
+        (status = 304, description = "Not modified (`If-None-Match` names the current version)"),
+        (status = 400, description = "`bad_twin_id`, `bad_query`, `bad_hlc`", body = ErrorBody),
+        (status = 404, description = "`twin_not_found`", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn get_twin(
     State(s): State<AppState>,
-    Path(twin): Path<String>,
+    twin: Result<Path<TwinPath>, PathRejection>,
     headers: HeaderMap,
     q: Result<Query<TwinQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -282,20 +490,20 @@ async fn get_twin(
     {
         return Ok(StatusCode::NOT_MODIFIED.into_response());
     }
-    let hlc: serde_json::Map<String, Value> = view
+    let hlc = view
         .field_hlcs
         .into_iter()
-        .map(|(k, h)| (k, Value::String(hlc_text(h))))
+        .map(|(k, h)| (k, hlc_text(h)))
         .collect();
-    let mut resp = Json(json!({
-        "twin_id": view.twin_id.as_str(),
-        "partition": view.partition.0,
-        "version": view.version,
-        "fence": view.fence.0,
-        "delta": palisade_twin::delta(&view.state),
-        "state": view.state,
-        "hlc": hlc,
-    }))
+    let mut resp = Json(TwinResponse {
+        delta: palisade_twin::delta(&view.state),
+        fence: view.fence.0,
+        hlc,
+        partition: view.partition.0,
+        state: view.state,
+        twin_id: view.twin_id.as_str().to_owned(),
+        version: view.version,
+    })
     .into_response();
     if let Ok(v) = HeaderValue::from_str(&etag) {
         resp.headers_mut().insert(header::ETAG, v);
@@ -303,24 +511,45 @@ async fn get_twin(
     Ok(resp)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct PageQuery {
+#[into_params(parameter_in = Query)]
+pub(crate) struct PageQuery {
+    /// Events with a seq above this (default 0: from the start).
     after: Option<u64>,
+    /// Page size: default 100, at most 1000 (larger values are clamped).
     limit: Option<usize>,
 }
 
-fn page(events: Vec<palisade_core::Event>) -> Json<Value> {
-    let next = events.last().map(|e| e.seq);
-    let events: Vec<EventOut> = events.into_iter().map(EventOut::from).collect();
-    Json(json!({ "events": events, "next_after": next }))
+fn page(events: Vec<palisade_core::Event>) -> Json<EventsPage> {
+    let next_after = events.last().map(|e| e.seq);
+    let events = events
+        .into_iter()
+        .map(|e| json!(EventOut::from(e)))
+        .collect();
+    Json(EventsPage { events, next_after })
 }
 
-async fn twin_events(
+/// A twin's events, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/twins/{twin_id}/events",
+    tag = "events",
+    params(
+        TwinPath,
+        PageQuery,
+    ),
+    responses(
+        (status = 200, description = "A page of the twin's events", body = EventsPage),
+        (status = 400, description = "`bad_twin_id`, `bad_query`", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn twin_events(
     State(s): State<AppState>,
-    Path(twin): Path<String>,
+    twin: Result<Path<TwinPath>, PathRejection>,
     q: Result<Query<PageQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EventsPage>, ApiError> {
     let twin = twin_id(twin)?;
     let q = query(q)?;
     let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
@@ -331,12 +560,28 @@ async fn twin_events(
     )?))
 }
 
-async fn partition_events(
+/// A partition's events, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/partitions/{partition}/events",
+    tag = "partitions",
+    params(
+        PartitionPath,
+        PageQuery,
+    ),
+    responses(
+        (status = 200, description = "A page of the partition's events", body = EventsPage),
+        (status = 400, description = "`bad_partition`, `bad_query`", body = ErrorBody),
+        (status = 404, description = "`unknown_partition`", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn partition_events(
     State(s): State<AppState>,
-    Path(p): Path<String>,
+    p: Result<Path<PartitionPath>, PathRejection>,
     q: Result<Query<PageQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let p: u32 = p.parse().map_err(|_| {
+) -> Result<Json<EventsPage>, ApiError> {
+    let p = partition(p)?.ok_or_else(|| {
         ApiError::bad_request(
             "bad_partition",
             format!("partition must be a number below {}", s.store.partitions()),
@@ -351,75 +596,112 @@ async fn partition_events(
     )?))
 }
 
-async fn partitions(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// Every partition: fence, head and owner.
+#[utoipa::path(
+    get,
+    path = "/v1/partitions",
+    tag = "partitions",
+    responses(
+        (status = 200, description = "The partitions", body = PartitionsResponse),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn partitions(
+    State(s): State<AppState>,
+) -> Result<Json<PartitionsResponse>, ApiError> {
     let infos = s.store.partition_infos()?;
-    let list: Vec<Value> = infos
+    let partitions = infos
         .into_iter()
-        .map(|i| {
-            json!({
-                "partition": i.partition.0,
-                "fence": i.fence.0,
-                "head": i.head,
-                "owner": i.owner.map(|l| {
-                    let left = s.store.lease_expires_in(&l);
-                    LeaseOut::new(&l, left)
-                }),
-            })
+        .map(|i| PartitionOut {
+            fence: i.fence.0,
+            head: i.head,
+            owner: i.owner.map(|l| {
+                let left = s.store.lease_expires_in(&l);
+                json!(LeaseOut::new(&l, left))
+            }),
+            partition: i.partition.0,
         })
         .collect();
-    Ok(Json(
-        json!({ "partitions": list, "last_token": s.store.last_token().0 }),
-    ))
+    Ok(Json(PartitionsResponse {
+        last_token: s.store.last_token().0,
+        partitions,
+    }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct LimitQuery {
+#[into_params(parameter_in = Query)]
+pub(crate) struct LimitQuery {
+    /// At most this many (default 100, at most 1024; larger values are clamped).
     limit: Option<usize>,
 }
 
 /// Recent refused writes (HTTP and Kafka), newest first (bounded, in memory).
-async fn rejections(
+#[utoipa::path(
+    get,
+    path = "/v1/rejections",
+    tag = "partitions",
+    params(LimitQuery),
+    responses(
+        (status = 200, description = "Recent refused writes, newest first (last 1024)", body = RejectionsResponse),
+        (status = 400, description = "`bad_query`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn rejections(
     State(s): State<AppState>,
     q: Result<Query<LimitQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RejectionsResponse>, ApiError> {
     let limit = query(q)?
         .limit
         .unwrap_or(100)
         .clamp(1, palisade_log::REJECTION_LOG_LEN);
-    let list: Vec<Value> = s
+    let rejections = s
         .store
         .rejections(limit)
         .into_iter()
-        .map(|r| {
-            json!({
-                "at_ms": r.at_ms,
-                "source": r.source,
-                "partition": r.partition.0,
-                "offset": r.offset,
-                "twin_id": r.twin.as_str(),
-                "token": r.token.0,
-                "reason": r.reason,
-                "message": r.detail,
-            })
+        .map(|r| RejectionOut {
+            at_ms: r.at_ms,
+            message: r.detail,
+            offset: r.offset,
+            partition: r.partition.0,
+            reason: r.reason.to_owned(),
+            source: r.source.to_owned(),
+            token: r.token.0,
+            twin_id: r.twin.as_str().to_owned(),
         })
         .collect();
-    Ok(Json(json!({ "rejections": list })))
+    Ok(Json(RejectionsResponse { rejections }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct DeadLetterQuery {
+#[into_params(parameter_in = Query)]
+pub(crate) struct DeadLetterQuery {
+    /// Only this partition's dead letters.
     partition: Option<u32>,
+    /// Only Kafka offsets above this.
     after: Option<u64>,
+    /// At most this many (default 100, at most 1000; larger values are clamped).
     limit: Option<usize>,
 }
 
 /// Stored dead letters (Kafka records that could not be applied), oldest first.
-async fn dead_letters(
+#[utoipa::path(
+    get,
+    path = "/v1/dead-letters",
+    tag = "partitions",
+    params(DeadLetterQuery),
+    responses(
+        (status = 200, description = "Dead letters, oldest first (last 10,000 per partition)", body = DeadLettersResponse),
+        (status = 400, description = "`bad_query`", body = ErrorBody),
+        (status = 404, description = "`unknown_partition`", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn dead_letters(
     State(s): State<AppState>,
     q: Result<Query<DeadLetterQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeadLettersResponse>, ApiError> {
     let q = query(q)?;
     if let Some(p) = q.partition {
         if p >= s.store.partitions() {
@@ -433,23 +715,21 @@ async fn dead_letters(
         }
     }
     let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
-    let list: Vec<Value> = s
+    let dead_letters = s
         .store
         .dead_letters(q.partition.map(PartitionId), q.after, limit)?
         .into_iter()
-        .map(|d| {
-            json!({
-                "partition": d.partition,
-                "offset": d.offset,
-                "key": d.key,
-                "reason": d.reason,
-                "message": d.detail,
-                "headers": d.headers.into_iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
-                "value": String::from_utf8_lossy(&d.value),
-                "value_len": d.value_len,
-                "at_ms": d.at_ms,
-            })
+        .map(|d| DeadLetterOut {
+            at_ms: d.at_ms,
+            headers: d.headers,
+            key: d.key,
+            message: d.detail,
+            offset: d.offset,
+            partition: d.partition,
+            reason: d.reason,
+            value: String::from_utf8_lossy(&d.value).into_owned(),
+            value_len: d.value_len,
         })
         .collect();
-    Ok(Json(json!({ "dead_letters": list })))
+    Ok(Json(DeadLettersResponse { dead_letters }))
 }

@@ -9,6 +9,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -17,16 +18,19 @@ use futures_util::stream::{self, Stream};
 use palisade_core::{Event, PartitionId, TwinId};
 use palisade_log::Store;
 use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::error::ApiError;
-use crate::routes::AppState;
+use crate::openapi::ErrorBody;
+use crate::routes::{AppState, PartitionPath, TwinPath};
 use crate::wire::EventOut;
 
 /// Events read from the log per wake-up.
 const PAGE: usize = 256;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct WatchQuery {
     /// Start after this sequence number (0: from the beginning). Without it
     /// (and without `Last-Event-ID`) the stream starts at the current head.
@@ -43,6 +47,7 @@ struct Cursor {
     store: Arc<Store>,
     source: Source,
     head: tokio::sync::watch::Receiver<u64>,
+    closing: tokio::sync::watch::Receiver<bool>,
     last: u64,
     buf: VecDeque<Event>,
 }
@@ -66,6 +71,9 @@ fn start_after(headers: &HeaderMap, q: &WatchQuery, head: u64) -> Result<u64, Ap
 fn stream_of(cursor: Cursor) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     stream::unfold(cursor, |mut c| async move {
         loop {
+            if *c.closing.borrow() {
+                return None;
+            }
             if let Some(ev) = c.buf.pop_front() {
                 c.last = ev.seq;
                 let id = ev.seq.to_string();
@@ -82,8 +90,11 @@ fn stream_of(cursor: Cursor) -> impl Stream<Item = Result<SseEvent, Infallible>>
             match page {
                 Ok(events) if !events.is_empty() => c.buf.extend(events),
                 Ok(_) => {
-                    if c.head.changed().await.is_err() {
-                        return None; // the store is shutting down
+                    tokio::select! {
+                        changed = c.head.changed() => if changed.is_err() {
+                            return None; // the store is closed
+                        },
+                        _ = c.closing.wait_for(|closing| *closing) => return None, // server shutdown
                     }
                 }
                 Err(e) => {
@@ -104,15 +115,32 @@ fn sse(cursor: Cursor) -> Response {
         .into_response()
 }
 
+/// A twin's appended events, live, as Server-Sent Events.
+#[utoipa::path(
+    get,
+    path = "/v1/twins/{twin_id}/watch",
+    tag = "events",
+    params(
+        TwinPath,
+        ("Last-Event-ID" = Option<u64>, Header, nullable = false, description = "Resume right after this seq (wins over `after`)"),
+        WatchQuery,
+    ),
+    responses(
+        (status = 200, description = "An endless SSE stream: per event `id: <seq>`, `event: event`, \
+            `data: <EventOut JSON>`; `event: error` if a read fails; keep-alive comments every 15 s",
+            content_type = "text/event-stream", body = String),
+        (status = 400, description = "`bad_twin_id`, `bad_query`, `bad_last_event_id`", body = ErrorBody),
+        (status = 404, description = "`unknown_partition`", body = ErrorBody),
+    )
+)]
 pub(crate) async fn watch_twin(
     State(s): State<AppState>,
-    Path(twin): Path<String>,
+    twin: Result<Path<TwinPath>, PathRejection>,
     headers: HeaderMap,
     q: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = crate::routes::query(q)?;
-    let twin =
-        TwinId::new(twin).map_err(|e| ApiError::bad_request("bad_twin_id", e.to_string()))?;
+    let twin = crate::routes::twin_id(twin)?;
     let p = s.store.partition_of(&twin);
     let head = s
         .store
@@ -123,21 +151,38 @@ pub(crate) async fn watch_twin(
         store: s.store.clone(),
         source: Source::Twin(twin),
         head,
+        closing: s.closing.clone(),
         last,
         buf: VecDeque::new(),
     }))
 }
 
+/// A partition's appended events, live, as Server-Sent Events.
+#[utoipa::path(
+    get,
+    path = "/v1/partitions/{partition}/watch",
+    tag = "partitions",
+    params(
+        PartitionPath,
+        ("Last-Event-ID" = Option<u64>, Header, nullable = false, description = "Resume right after this seq (wins over `after`)"),
+        WatchQuery,
+    ),
+    responses(
+        (status = 200, description = "An endless SSE stream, as for a twin's watch",
+            content_type = "text/event-stream", body = String),
+        (status = 400, description = "`bad_partition`, `bad_query`, `bad_last_event_id`", body = ErrorBody),
+        (status = 404, description = "`unknown_partition`", body = ErrorBody),
+    )
+)]
 pub(crate) async fn watch_partition(
     State(s): State<AppState>,
-    Path(p): Path<String>,
+    p: Result<Path<PartitionPath>, PathRejection>,
     headers: HeaderMap,
     q: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = crate::routes::query(q)?;
-    let p: u32 = p
-        .parse()
-        .map_err(|_| ApiError::bad_request("bad_partition", "partition must be a number"))?;
+    let p = crate::routes::partition(p)?
+        .ok_or_else(|| ApiError::bad_request("bad_partition", "partition must be a number"))?;
     let head = s.store.watch_head(PartitionId(p)).ok_or_else(|| {
         ApiError::not_found(
             "unknown_partition",
@@ -152,6 +197,7 @@ pub(crate) async fn watch_partition(
         store: s.store.clone(),
         source: Source::Partition(PartitionId(p)),
         head,
+        closing: s.closing.clone(),
         last,
         buf: VecDeque::new(),
     }))
