@@ -139,6 +139,9 @@ struct Pending {
     partition: i32,
     offset: i64,
     outcome: oneshot::Receiver<Result<IngestOutcome, AppendError>>,
+    /// With a dead-letter topic: a copy of a decoded record, forwarded if
+    /// the writer refuses it (unissued token, wrong scope, clock drift).
+    copy: Option<DeadCopy>,
 }
 
 /// The consumer-group member that feeds the store.
@@ -213,6 +216,7 @@ impl Ingester {
             store.clone(),
             cfg.topic.clone(),
             rx,
+            dlq.clone(),
         ));
         let lag = tokio::spawn(report_lag(
             consumer.clone(),
@@ -228,14 +232,17 @@ impl Ingester {
                 };
                 let (partition, offset) = (msg.partition(), msg.offset());
                 let record = to_record(&msg, store.partitions(), cfg.max_value_bytes);
-                let forward = match (&record, &dlq) {
-                    (IngestRecord::Dead(dl), Some(_)) => Some(DeadCopy::of(&msg, dl)),
-                    _ => None,
+                let (forward, copy) = match (&record, &dlq) {
+                    (IngestRecord::Dead(dl), Some(_)) => {
+                        (Some((DeadCopy::of(&msg), dl.reason.clone())), None)
+                    }
+                    (IngestRecord::Append { .. }, Some(_)) => (None, Some(DeadCopy::of(&msg))),
+                    _ => (None, None),
                 };
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
-                if let (Some(copy), Some((producer, topic))) = (forward, &dlq) {
-                    copy.send(producer, topic).await;
+                if let (Some((copy, reason)), Some((producer, topic))) = (forward, &dlq) {
+                    copy.send(&reason, producer, topic).await;
                 }
                 let (Ok(p), Ok(o)) = (u32::try_from(partition), u64::try_from(offset)) else {
                     warn!(
@@ -250,6 +257,7 @@ impl Ingester {
                         partition,
                         offset,
                         outcome,
+                        copy,
                     })
                     .await
                     .is_err()
@@ -354,44 +362,53 @@ fn to_record(msg: &BorrowedMessage<'_>, partitions: u32, max_value_bytes: usize)
     }
 }
 
-/// An owned copy of a dead record, forwarded to the dead-letter topic.
+/// An owned copy of a record, forwarded to the dead-letter topic if it is
+/// dead-lettered.
 struct DeadCopy {
     key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
-    headers: OwnedHeaders,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    source: String,
 }
 
 impl DeadCopy {
-    fn of(msg: &BorrowedMessage<'_>, dl: &DeadLetter) -> Self {
-        let mut headers = OwnedHeaders::new();
-        if let Some(h) = msg.headers() {
-            for i in 0..h.count() {
-                let h = h.get(i);
-                headers = headers.insert(rdkafka::message::Header {
-                    key: h.key,
-                    value: h.value,
-                });
-            }
-        }
-        headers = headers.insert(rdkafka::message::Header {
-            key: "palisade-dead-reason",
-            value: Some(dl.reason.as_bytes()),
-        });
-        let source = format!("{}/{}/{}", msg.topic(), msg.partition(), msg.offset());
-        headers = headers.insert(rdkafka::message::Header {
-            key: "palisade-source",
-            value: Some(source.as_bytes()),
-        });
+    fn of(msg: &BorrowedMessage<'_>) -> Self {
+        let headers = msg
+            .headers()
+            .map(|h| {
+                (0..h.count())
+                    .map(|i| h.get(i))
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
         Self {
             key: msg.key().map(<[u8]>::to_vec),
             value: msg.payload().map(<[u8]>::to_vec),
             headers,
+            source: format!("{}/{}/{}", msg.topic(), msg.partition(), msg.offset()),
         }
     }
 
     /// Best effort: the durable copy is the store's dead-letter store.
-    async fn send(self, producer: &FutureProducer, topic: &str) {
-        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(self.headers);
+    async fn send(self, reason: &str, producer: &FutureProducer, topic: &str) {
+        let mut headers = OwnedHeaders::new();
+        for (k, v) in &self.headers {
+            headers = headers.insert(rdkafka::message::Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        headers = headers
+            .insert(rdkafka::message::Header {
+                key: "palisade-dead-reason",
+                value: Some(reason.as_bytes()),
+            })
+            .insert(rdkafka::message::Header {
+                key: "palisade-source",
+                value: Some(self.source.as_bytes()),
+            });
+        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
         if let Some(k) = &self.key {
             rec = rec.key(k.as_slice());
         }
@@ -412,6 +429,7 @@ async fn acknowledge(
     store: Arc<Store>,
     topic: String,
     mut rx: mpsc::Receiver<Pending>,
+    dlq: Option<(FutureProducer, String)>,
 ) -> Result<(), KafkaIngestError> {
     const HELP: &str = "Kafka records handled, by outcome.";
     while let Some(p) = rx.recv().await {
@@ -420,6 +438,12 @@ async fn acknowledge(
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => return Err(AppendError::Closed.into()),
         };
+        // Refused by the writer (not at decoding): forward it now.
+        if let (IngestOutcome::DeadLettered { reason }, Some(copy), Some((producer, topic))) =
+            (&outcome, p.copy, &dlq)
+        {
+            copy.send(reason, producer, topic).await;
+        }
         let part = p.partition.to_string();
         let name = match &outcome {
             IngestOutcome::Applied(_) => "applied",
@@ -433,7 +457,8 @@ async fn acknowledge(
             &[("outcome", name), ("partition", &part)],
             1,
         );
-        if let Err(e) = consumer.store_offset(&topic, p.partition, p.offset + 1) {
+        // librdkafka's rd_kafka_offset_store stores (and commits) offset + 1.
+        if let Err(e) = consumer.store_offset(&topic, p.partition, p.offset) {
             // Happens after a revoke; harmless, the store has the offset.
             warn!(partition = p.partition, error = %e, "could not store the offset for the group commit");
         }
