@@ -494,6 +494,7 @@ fn headline(s: BenchScenario, sums: &[Summary]) -> BTreeMap<String, f64> {
                     "ratio_vs_raw_sled",
                     "ratio_vs_http_null",
                     "ratio_vs_postgres",
+                    "ratio_vs_store_direct",
                 ] {
                     put(k, b.get(k));
                 }

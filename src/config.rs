@@ -111,7 +111,7 @@ pub struct BenchConfig {
     /// Folder for the SVG plots (default: next to --out, `<out stem>-plots/`).
     #[arg(long, env = "PALISADE_BENCH_PLOT_DIR")]
     pub plot_dir: Option<PathBuf>,
-    /// A few seconds in total: short cases, small sizes (CI smoke run).
+    /// Short cases and small sizes, about 35 s for `all` (the CI smoke run).
     #[arg(long, env = "PALISADE_BENCH_QUICK")]
     pub quick: bool,
     /// Kafka bootstrap servers for `ingest`. Default: librdkafka's mock

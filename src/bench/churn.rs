@@ -98,6 +98,8 @@ pub async fn run(
     for (i, p) in twins.partition.iter().enumerate() {
         by_partition[*p as usize].push(twins.ids[i].clone());
     }
+    // Only this run's events are checked: the log may hold older ones.
+    let heads = partition_heads(http, &cfg.base).await?;
     let started = Instant::now();
     let end = started + cfg.duration;
     let bar = load::progress(
@@ -145,7 +147,8 @@ pub async fn run(
     let grants = lock(&shared.grants).clone();
     let acks = lock(&shared.acks).clone();
     let mut violations = client_side_violations(&grants, &acks);
-    let (log_events, log_violations) = check_log(http, &cfg.base, cfg.partitions, &acks).await?;
+    let (log_events, log_violations) =
+        check_log(http, &cfg.base, cfg.partitions, &heads, &acks).await?;
     violations.extend(log_violations);
 
     let c = lock(&shared.counts);
@@ -384,10 +387,32 @@ fn client_side_violations(grants: &[Grant], acks: &[Ack]) -> Vec<String> {
 }
 
 /// Read every partition's log and check it (see [`check_partition`]).
+/// Each partition's head (last seq) now, from `GET /v1/partitions`.
+async fn partition_heads(http: &reqwest::Client, base: &str) -> anyhow::Result<Vec<u64>> {
+    let v: serde_json::Value = http
+        .get(format!("{base}/v1/partitions"))
+        .send()
+        .await
+        .context("GET /v1/partitions")?
+        .error_for_status()
+        .context("GET /v1/partitions")?
+        .json()
+        .await
+        .context("GET /v1/partitions: bad body")?;
+    let list = v["partitions"]
+        .as_array()
+        .context("GET /v1/partitions: no list")?;
+    Ok(list
+        .iter()
+        .map(|p| p["head"].as_u64().unwrap_or(0))
+        .collect())
+}
+
 async fn check_log(
     http: &reqwest::Client,
     base: &str,
     partitions: u32,
+    heads: &[u64],
     acks: &[Ack],
 ) -> anyhow::Result<(u64, Vec<String>)> {
     let mut acked: HashMap<(u32, u64), u64> = HashMap::new();
@@ -400,7 +425,7 @@ async fn check_log(
     let mut total = 0u64;
     for p in 0..partitions {
         let mut log: Vec<(u64, u64)> = Vec::new();
-        let mut after = 0u64;
+        let mut after = heads.get(p as usize).copied().unwrap_or(0);
         loop {
             let v: serde_json::Value = http
                 .get(format!(

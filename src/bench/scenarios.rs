@@ -166,6 +166,107 @@ async fn palisade_append(
     Ok(c)
 }
 
+/// Diagnostic, not a baseline: the same appends as `palisade`, but calling
+/// `Store::append` in-process (no HTTP, no JSON), from the same number of
+/// concurrent tasks. Splits Palisade's cost into HTTP and store.
+async fn direct_append(
+    ctx: &Ctx,
+    store: &Arc<palisade_log::Store>,
+    twins: &Twins,
+    per_writer: &[Vec<u32>],
+    tokens: &[u64],
+    batch: usize,
+    name: &str,
+) -> anyhow::Result<Case> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let patch: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&ctx.events.patch).context("bench patch")?;
+    let phase = Arc::new(load::Phase::default());
+    let live = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for mine in per_writer {
+        let mine: Vec<(TwinId, u64)> = mine
+            .iter()
+            .map(|i| {
+                let i = *i as usize;
+                Ok((
+                    TwinId::new(twins.ids[i].clone())?,
+                    tokens[twins.partition[i] as usize],
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let (store, patch, phase, live) =
+            (store.clone(), patch.clone(), phase.clone(), live.clone());
+        let prefix = format!("{}-{}", ctx.events.nonce, load::unique_prefix("d"));
+        set.spawn(async move {
+            let mut stats = load::OpStats::default();
+            let mut rng = load::Rng::new();
+            let mut counter = 0u64;
+            while phase.get() != load::DONE && !mine.is_empty() {
+                let (twin, token) = &mine[rng.below(mine.len())];
+                let events: Vec<NewEvent> = (0..batch)
+                    .map(|_| {
+                        counter += 1;
+                        NewEvent {
+                            event_id: format!("{prefix}-{counter}"),
+                            event_type: "telemetry".into(),
+                            patch: patch.clone(),
+                            hlc: None,
+                        }
+                    })
+                    .collect();
+                let started = Instant::now();
+                let r = store
+                    .append(
+                        twin.clone(),
+                        palisade_core::FencingToken(*token),
+                        events,
+                        None,
+                    )
+                    .await;
+                if phase.get() == load::MEASURE {
+                    match r {
+                        Ok(_) => {
+                            stats.requests += 1;
+                            stats.events += batch as u64;
+                            stats.latency.record(started.elapsed());
+                            phase.measured.fetch_add(1, Ordering::Relaxed);
+                            live.fetch_add(batch as u64, Ordering::Relaxed);
+                        }
+                        Err(e) => *stats.errors.entry(e.reason().to_owned()).or_default() += 1,
+                    }
+                }
+            }
+            stats
+        });
+    }
+    let bar = load::progress(name, ctx.plan.window);
+    let (elapsed, cpu) = load::drive(
+        &phase,
+        ctx.plan.warmup,
+        ctx.plan.window,
+        &bar,
+        || live.load(Ordering::Relaxed),
+        async {},
+    )
+    .await;
+    let mut r = LoadResult {
+        elapsed,
+        cpu,
+        ..LoadResult::default()
+    };
+    while let Some(s) = set.join_next().await {
+        let s = s.context("a direct append task panicked")?;
+        r.append.requests += s.requests;
+        r.append.events += s.events;
+        r.append.latency.merge(&s.latency);
+        for (k, v) in s.errors {
+            *r.append.errors.entry(k).or_default() += v;
+        }
+    }
+    Ok(append_case(name, &r))
+}
+
 /// `append`: single events and batches, each beside raw sled, the do-nothing
 /// handler and the PostgreSQL recipe.
 pub async fn append(ctx: &Ctx) -> anyhow::Result<RunOut> {
@@ -194,6 +295,35 @@ pub async fn append(ctx: &Ctx) -> anyhow::Result<RunOut> {
         let prefix = format!("append/batch={batch}");
         let loops = writer_loops(&store.url, &twins, &per_writer, &tokens, batch, "w");
         let mut pal = palisade_append(ctx, &store, loops, &format!("{prefix}/palisade")).await?;
+        if let Some(st) = &store.store {
+            let mut direct = direct_append(
+                ctx,
+                st,
+                &twins,
+                &per_writer,
+                &tokens,
+                batch,
+                &format!("{prefix}/store_direct"),
+            )
+            .await?;
+            direct.note(
+                "what",
+                json!("diagnostic: Store::append in-process, no HTTP; not a baseline"),
+            );
+            ratio(&mut pal, "ratio_vs_store_direct", "events_per_s", &direct);
+            if direct.get("errors").unwrap_or(0.0) > 0.0 {
+                out.failures.push(format!(
+                    "{prefix}/store_direct: {} appends failed: {}",
+                    direct.get("errors").unwrap_or(0.0),
+                    direct
+                        .notes
+                        .get("errors")
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ));
+            }
+            out.cases.push(direct);
+        }
         let raw = raw_sled::run(
             plan.data_dir.as_deref(),
             p,
@@ -232,7 +362,11 @@ pub async fn append(ctx: &Ctx) -> anyhow::Result<RunOut> {
                 &format!("{prefix}/postgres"),
             )
             .await?;
-            let pg = append_case(&format!("{prefix}/postgres"), &r);
+            let mut pg = append_case(&format!("{prefix}/postgres"), &r);
+            pg.note(
+                "cpu_scope",
+                json!("cpu_* counts the bench process only: PostgreSQL runs in its own processes"),
+            );
             ratio(&mut pal, "ratio_vs_postgres", "events_per_s", &pg);
             if r.append.error_count() > 0 {
                 out.failures.push(format!(
@@ -440,6 +574,7 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
     let timeout = Duration::from_secs(120) + Duration::from_millis(total / 2);
     let raw = kafka::raw_consume(broker.bootstrap(), &topic, p, total, timeout).await?;
     let store_arc = store.store.clone().context("in-process store")?;
+    let before = StoreMetrics::parse(&store_arc.metrics().render());
     let (ing, lag) = kafka::ingest(
         &ctx.rt.handle(),
         &store_arc,
@@ -464,6 +599,15 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
         ));
     }
     let mut pal = Case::new("ingest/palisade");
+    let (flush, buckets) =
+        StoreMetrics::flush_delta(&before, &StoreMetrics::parse(&store_arc.metrics().render()));
+    // Ingested records are commands of their own (one per record) and are
+    // not counted as appended HTTP events: report records per flush.
+    if let Some(r) = flush.get("requests_per_flush") {
+        pal.set("records_per_flush", *r);
+    }
+    pal.set("flushes", flush.get("flushes").copied().unwrap_or(0.0));
+    pal.note("flush_batch_requests_buckets", buckets);
     pal.set("records_per_s", ing.rate());
     pal.set("records", f(total));
     pal.set("seconds_first_to_last", ing.elapsed.as_secs_f64());

@@ -368,7 +368,7 @@ impl Twins {
         let mut by_partition: Vec<Vec<u32>> = vec![Vec::new(); p];
         for (i, part) in self.partition.iter().enumerate() {
             // Twin counts fit u32 (checked by the caller's limits).
-            by_partition[*part as usize].push(u32::try_from(i).unwrap_or(u32::MAX));
+            by_partition[*part as usize % p].push(u32::try_from(i).unwrap_or(u32::MAX));
         }
         (0..w)
             .map(|wi| {
@@ -401,6 +401,7 @@ mod tests {
                 .all(|i| t.partition[*i as usize] as usize % 3 == wi));
         }
         // More writers than partitions: writers share.
+        let t = Twins::new(1000, 2).unwrap();
         let w = t.per_writer(2, 4);
         assert_eq!(w.len(), 4);
         assert_eq!(w[0], w[2]);
