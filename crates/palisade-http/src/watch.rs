@@ -109,10 +109,36 @@ fn stream_of(cursor: Cursor) -> impl Stream<Item = Result<SseEvent, Infallible>>
     })
 }
 
-fn sse(cursor: Cursor) -> Response {
-    Sse::new(stream_of(cursor))
+/// Open a stream over `source`, starting after `Last-Event-ID`, `after`, or
+/// the partition's current head, in that order of precedence.
+fn open_stream(
+    s: &AppState,
+    source: Source,
+    p: PartitionId,
+    headers: &HeaderMap,
+    q: &WatchQuery,
+) -> Result<Response, ApiError> {
+    let head = s.store.watch_head(p).ok_or_else(|| {
+        ApiError::not_found(
+            "unknown_partition",
+            format!(
+                "partition {p} does not exist; this store has {}",
+                s.store.partitions()
+            ),
+        )
+    })?;
+    let last = start_after(headers, q, *head.borrow())?;
+    let cursor = Cursor {
+        store: s.store.clone(),
+        source,
+        head,
+        closing: s.closing.clone(),
+        last,
+        buf: VecDeque::new(),
+    };
+    Ok(Sse::new(stream_of(cursor))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
+        .into_response())
 }
 
 /// A twin's appended events, live, as Server-Sent Events.
@@ -142,19 +168,7 @@ pub(crate) async fn watch_twin(
     let q = crate::routes::query(q)?;
     let twin = crate::routes::twin_id(twin)?;
     let p = s.store.partition_of(&twin);
-    let head = s
-        .store
-        .watch_head(p)
-        .ok_or_else(|| ApiError::not_found("unknown_partition", "no such partition"))?;
-    let last = start_after(&headers, &q, *head.borrow())?;
-    Ok(sse(Cursor {
-        store: s.store.clone(),
-        source: Source::Twin(twin),
-        head,
-        closing: s.closing.clone(),
-        last,
-        buf: VecDeque::new(),
-    }))
+    open_stream(&s, Source::Twin(twin), p, &headers, &q)
 }
 
 /// A partition's appended events, live, as Server-Sent Events.
@@ -183,22 +197,11 @@ pub(crate) async fn watch_partition(
     let q = crate::routes::query(q)?;
     let p = crate::routes::partition(p)?
         .ok_or_else(|| ApiError::bad_request("bad_partition", "partition must be a number"))?;
-    let head = s.store.watch_head(PartitionId(p)).ok_or_else(|| {
-        ApiError::not_found(
-            "unknown_partition",
-            format!(
-                "partition {p} does not exist; this store has {}",
-                s.store.partitions()
-            ),
-        )
-    })?;
-    let last = start_after(&headers, &q, *head.borrow())?;
-    Ok(sse(Cursor {
-        store: s.store.clone(),
-        source: Source::Partition(PartitionId(p)),
-        head,
-        closing: s.closing.clone(),
-        last,
-        buf: VecDeque::new(),
-    }))
+    open_stream(
+        &s,
+        Source::Partition(PartitionId(p)),
+        PartitionId(p),
+        &headers,
+        &q,
+    )
 }
