@@ -339,7 +339,7 @@ impl Store {
     /// `token >= fence(twin)` and `token >= fence(partition)`; with
     /// `if_match`, also iff the twin's version equals it. All or nothing,
     /// acknowledged once durable.
-    #[instrument(skip_all, fields(twin = %twin, token = token.0))]
+    #[instrument(skip_all, fields(twin = %twin, token = token.0, partition))]
     pub async fn append(
         &self,
         twin: TwinId,
@@ -348,6 +348,7 @@ impl Store {
         if_match: Option<u64>,
     ) -> Result<Appended, AppendError> {
         let p = self.partition_of(&twin);
+        tracing::Span::current().record("partition", p.0);
         let twin_for_error = twin.clone();
         let (reply, rx) = oneshot::channel();
         self.writer(p)

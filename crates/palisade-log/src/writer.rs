@@ -208,6 +208,9 @@ impl Writer {
     }
 
     fn commit(&mut self, cmds: Vec<Command>) {
+        let _span =
+            tracing::debug_span!("commit", partition = %self.partition, requests = cmds.len())
+                .entered();
         let meta_before = self.meta;
         let source_before = self.source_offset;
         let dead_before = self.dead_letters;
