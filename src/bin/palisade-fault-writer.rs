@@ -82,6 +82,19 @@ struct Args {
     /// Keep retrying the acquisition this long while another holder's lease is live.
     #[arg(long, default_value_t = 10_000)]
     acquire_timeout_ms: u64,
+    /// Publish to Kafka instead of appending over HTTP (the lease still comes
+    /// from `--url`); each broker acknowledgement is recorded as
+    /// `SENT <i> <token> <partition> <offset>`.
+    #[arg(long)]
+    kafka_brokers: Option<String>,
+    #[arg(long, default_value = "twin-events")]
+    kafka_topic: String,
+    /// Partition count of the topic (= the store's), for murmur2 placement.
+    #[arg(long, default_value_t = 16)]
+    partitions: u32,
+    /// Extra producer setting KEY=VALUE (repeatable).
+    #[arg(long = "kafka-setting")]
+    kafka_settings: Vec<String>,
 }
 
 /// Append `line` to the acks file and make it durable before returning.
@@ -133,12 +146,63 @@ async fn main() -> anyhow::Result<()> {
         out.flush()?;
     }
 
+    let publisher = match &args.kafka_brokers {
+        Some(brokers) => {
+            let settings: Vec<(String, String)> = args
+                .kafka_settings
+                .iter()
+                .filter_map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                })
+                .collect();
+            Some(
+                palisade_kafka::Publisher::new(brokers, &args.kafka_topic, &settings)?
+                    .with_partitions(args.partitions),
+            )
+        }
+        None => None,
+    };
+    let twin_id = palisade::core::TwinId::new(args.twin.clone())?;
+
     let (mut acked, mut stale, mut errors) = (0u64, 0u64, 0u64);
     let mut lost_noted = false;
     for i in args.start_at..args.start_at.saturating_add(args.count) {
         if !lost_noted && lease.is_lost() {
             lost_noted = true;
             record(&mut acks, &format!("LOST {i}"))?;
+        }
+        if let Some(publisher) = &publisher {
+            let event = palisade::core::NewEvent {
+                event_id: format!("{}-{i}", args.holder),
+                event_type: "tick".into(),
+                patch: json!({ "n": i, "by": args.holder })
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+                hlc: None,
+            };
+            let line = match publisher
+                .publish(&twin_id, palisade::core::FencingToken(token), &event)
+                .await
+            {
+                Ok((p, o)) => {
+                    acked += 1;
+                    format!("SENT {i} {token} {p} {o}")
+                }
+                Err(e) => {
+                    errors += 1;
+                    format!("ERR {i} kafka {}", one_line(&e.to_string()))
+                }
+            };
+            record(&mut acks, &line)?;
+            if args.max_errors.is_some_and(|m| errors >= m) {
+                break;
+            }
+            if args.interval_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(args.interval_ms)).await;
+            }
+            continue;
         }
         let event = Event::new("tick", json!({ "n": i, "by": args.holder }))
             .with_id(format!("{}-{i}", args.holder));

@@ -22,6 +22,13 @@ mod crash_store;
 #[path = "04_clock.rs"]
 mod clock;
 
+#[path = "05_pause_kafka.rs"]
+mod pause_kafka;
+
+#[path = "../kafka/broker.rs"]
+#[allow(dead_code)]
+mod broker;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -69,10 +76,30 @@ pub async fn wait_until<F: FnMut() -> bool>(what: &str, timeout: Duration, mut c
 /// One line of a writer's acks file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Line {
-    Ack { i: u64, token: u64, seq: u64 },
-    Stale { i: u64, token: u64, fence: u64 },
-    Err { i: u64, what: String },
-    Lost { i: u64 },
+    Ack {
+        i: u64,
+        token: u64,
+        seq: u64,
+    },
+    Stale {
+        i: u64,
+        token: u64,
+        fence: u64,
+    },
+    Err {
+        i: u64,
+        what: String,
+    },
+    Lost {
+        i: u64,
+    },
+    /// Kafka mode: the broker acknowledged record i at (partition, offset).
+    Sent {
+        i: u64,
+        token: u64,
+        partition: u64,
+        offset: u64,
+    },
 }
 
 /// The complete lines of an acks file (a partial last line is ignored: the
@@ -108,6 +135,12 @@ pub fn read_acks(path: &Path) -> Vec<Line> {
                     what: f[2..].join(" "),
                 },
                 "LOST" => Line::Lost { i: n(1) },
+                "SENT" => Line::Sent {
+                    i: n(1),
+                    token: n(2),
+                    partition: n(3),
+                    offset: n(4),
+                },
                 _ => panic!("bad acks line {l:?}"),
             }
         })
@@ -144,6 +177,9 @@ pub struct Writer {
     stdout: BufReader<ChildStdout>,
 }
 
+/// Kafka mode of a writer: brokers, topic, partition count, producer settings.
+pub type KafkaArgs = (String, String, u32, Vec<(String, String)>);
+
 /// What to start a writer with.
 #[derive(Clone)]
 pub struct WriterArgs {
@@ -158,6 +194,8 @@ pub struct WriterArgs {
     pub start_at: u64,
     pub max_stale: Option<u64>,
     pub max_errors: Option<u64>,
+    /// Publish to Kafka instead of appending over HTTP.
+    pub kafka: Option<KafkaArgs>,
 }
 
 impl WriterArgs {
@@ -175,6 +213,7 @@ impl WriterArgs {
             start_at: 0,
             max_stale: None,
             max_errors: None,
+            kafka: None,
         }
     }
 }
@@ -202,6 +241,13 @@ impl Writer {
         }
         if let Some(m) = args.max_errors {
             cmd.args(["--max-errors", &m.to_string()]);
+        }
+        if let Some((brokers, topic, partitions, settings)) = &args.kafka {
+            cmd.args(["--kafka-brokers", brokers, "--kafka-topic", topic])
+                .args(["--partitions", &partitions.to_string()]);
+            for (k, v) in settings {
+                cmd.args(["--kafka-setting", &format!("{k}={v}")]);
+            }
         }
         let mut child = cmd
             .env("RUST_LOG", "error")
