@@ -533,21 +533,30 @@ impl Writer {
                 self.shared.clock.observe(h)?;
             }
         }
+        // Read what is already stored under each event id now, while a
+        // failed read can still refuse the request as a whole: once staging
+        // starts, an error would leave half a request in the batch.
+        let mut stored = Vec::with_capacity(cmd.events.len());
+        for e in &cmd.events {
+            let dkey = keys::dedupe(&cmd.twin, &e.event_id);
+            let on_disk = if pending.dedupe.contains_key(&dkey) {
+                None
+            } else {
+                self.tree
+                    .get(&dkey)
+                    .map_err(|e| AppendError::Storage(e.to_string()))?
+                    .and_then(|v| keys::trailing_seq(&v))
+            };
+            stored.push((dkey, on_disk));
+        }
 
         // All checks passed: stage the events. Nothing below can fail.
         let now_ms = now_ms();
         let mut seqs = Vec::with_capacity(cmd.events.len());
         let mut duplicates = 0;
-        for e in &cmd.events {
-            let dkey = keys::dedupe(&cmd.twin, &e.event_id);
-            let seen = match pending.dedupe.get(&dkey) {
-                Some(s) => Some(*s),
-                None => self
-                    .tree
-                    .get(&dkey)
-                    .map_err(|e| AppendError::Storage(e.to_string()))?
-                    .and_then(|v| keys::trailing_seq(&v)),
-            };
+        for (e, (dkey, on_disk)) in cmd.events.iter().zip(stored) {
+            // Earlier events of this batch (this request included) first.
+            let seen = pending.dedupe.get(&dkey).copied().or(on_disk);
             if let Some(seq) = seen {
                 seqs.push(seq);
                 duplicates += 1;
