@@ -333,15 +333,38 @@ impl Writer {
         }
     }
 
-    fn record(&mut self, twin: &TwinId, pending: &Pending) -> Result<TwinRecord, AppendError> {
-        if let Some(r) = pending.dirty.get(twin).or_else(|| self.cache.get(twin)) {
-            return Ok(r.clone());
+    /// Take a twin's record out of the batch being built, the cache, or the
+    /// tree (moved, not cloned: its state can be large). A refused request
+    /// gives it back with [`Writer::put_back`].
+    fn take_record(
+        &mut self,
+        twin: &TwinId,
+        pending: &mut Pending,
+    ) -> Result<(TwinRecord, Origin), AppendError> {
+        if let Some(r) = pending.dirty.remove(twin) {
+            return Ok((r, Origin::Pending));
+        }
+        if let Some(r) = self.cache.remove(twin) {
+            return Ok((r, Origin::Cache));
         }
         match self.tree.get(keys::twin(twin)) {
             Ok(Some(v)) => codec::decode(&v)
+                .map(|r| (r, Origin::Disk))
                 .map_err(|e| AppendError::Storage(format!("damaged twin record of {twin:?}: {e}"))),
-            Ok(None) => Ok(TwinRecord::default()),
+            Ok(None) => Ok((TwinRecord::default(), Origin::Disk)),
             Err(e) => Err(AppendError::Storage(e.to_string())),
+        }
+    }
+
+    fn put_back(&mut self, twin: &TwinId, rec: TwinRecord, origin: Origin, pending: &mut Pending) {
+        match origin {
+            Origin::Pending => {
+                pending.dirty.insert(twin.clone(), rec);
+            }
+            Origin::Cache => {
+                self.cache.insert(twin.clone(), rec);
+            }
+            Origin::Disk => {}
         }
     }
 
@@ -355,7 +378,7 @@ impl Writer {
         match &scope {
             Scope::Partition(_) => self.meta.fence = self.meta.fence.max(token.0),
             Scope::Twin(twin) => {
-                let mut rec = self.record(twin, pending)?;
+                let (mut rec, _) = self.take_record(twin, pending)?;
                 rec.fence = rec.fence.max(token.0);
                 pending.dirty.insert(twin.clone(), rec);
             }
@@ -479,31 +502,19 @@ impl Writer {
         }
     }
 
-    fn try_append(
-        &mut self,
+    /// Every check of an append after the token's scope: fences, If-Match,
+    /// event fields, patches, HLC drift, and the stored ids for dedupe.
+    /// Returns each event's dedupe key and the seq stored under it, if any.
+    fn check_append(
+        &self,
         cmd: &AppendReq,
-        pending: &mut Pending,
-    ) -> Result<Appended, AppendError> {
-        let t = cmd.token;
-        let Some(grant) = self.grants.get(&t.0) else {
-            // Not granted for this partition. The store refines this into
-            // WrongScope when the token was issued for another scope.
-            return Err(AppendError::NotIssued { token: t });
-        };
-        if !grant.scope.covers(&cmd.twin, self.partition) {
-            return Err(AppendError::WrongScope {
-                token: t,
-                scope: grant.scope.clone(),
-                twin: cmd.twin.clone(),
-            });
-        }
-        let holder = grant.holder.clone();
-        let partition_scoped = matches!(grant.scope, Scope::Partition(_));
-        let mut rec = self.record(&cmd.twin, pending)?;
+        rec: &TwinRecord,
+        pending: &Pending,
+    ) -> Result<Vec<StoredId>, AppendError> {
         let fence = rec.fence.max(self.meta.fence);
-        if t.0 < fence {
+        if cmd.token.0 < fence {
             return Err(AppendError::Stale {
-                token: t,
+                token: cmd.token,
                 fence: FencingToken(fence),
             });
         }
@@ -549,6 +560,37 @@ impl Writer {
             };
             stored.push((dkey, on_disk));
         }
+        Ok(stored)
+    }
+
+    fn try_append(
+        &mut self,
+        cmd: &AppendReq,
+        pending: &mut Pending,
+    ) -> Result<Appended, AppendError> {
+        let t = cmd.token;
+        let Some(grant) = self.grants.get(&t.0) else {
+            // Not granted for this partition. The store refines this into
+            // WrongScope when the token was issued for another scope.
+            return Err(AppendError::NotIssued { token: t });
+        };
+        if !grant.scope.covers(&cmd.twin, self.partition) {
+            return Err(AppendError::WrongScope {
+                token: t,
+                scope: grant.scope.clone(),
+                twin: cmd.twin.clone(),
+            });
+        }
+        let holder = grant.holder.clone();
+        let partition_scoped = matches!(grant.scope, Scope::Partition(_));
+        let (mut rec, origin) = self.take_record(&cmd.twin, pending)?;
+        let stored = match self.check_append(cmd, &rec, pending) {
+            Ok(stored) => stored,
+            Err(e) => {
+                self.put_back(&cmd.twin, rec, origin, pending);
+                return Err(e);
+            }
+        };
 
         // All checks passed: stage the events. Nothing below can fail.
         let now_ms = now_ms();
@@ -614,4 +656,14 @@ impl Writer {
         pending.dirty.insert(cmd.twin.clone(), rec);
         Ok(out)
     }
+}
+
+/// An event's dedupe key and the seq already stored under it, if any.
+type StoredId = (Vec<u8>, Option<u64>);
+
+/// Where [`Writer::take_record`] found a twin record.
+enum Origin {
+    Pending,
+    Cache,
+    Disk,
 }
