@@ -37,6 +37,9 @@ pub enum Command {
     DevKafka(DevKafkaConfig),
     /// Publish one twin event to Kafka under a fencing token (for scripts).
     Publish(PublishConfig),
+    /// API keys for the security file: `palisade auth mint-key`.
+    #[command(subcommand)]
+    Auth(crate::security::AuthCommand),
     /// Load benchmark: Palisade over HTTP beside its baselines, measured in
     /// the same run (see docs/benchmarks.md).
     ///
@@ -207,6 +210,21 @@ pub struct ServeConfig {
     /// sled page cache, in MiB.
     #[arg(long, env = "PALISADE_CACHE_MB", default_value_t = 256)]
     pub cache_mb: u64,
+    /// Security file (TOML): principals and their API key hashes, roles,
+    /// limits (see docs/security.md). Without principals in it,
+    /// authentication is off and the store serves loopback only.
+    #[arg(long, env = "PALISADE_SECURITY", value_name = "FILE")]
+    pub security: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, env = "PALISADE_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "PALISADE_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Listen on a non-loopback address without authentication or without
+    /// TLS anyway (a loud warning is printed). Never needed on loopback.
+    #[arg(long, env = "PALISADE_INSECURE")]
+    pub insecure: bool,
     /// Kafka bootstrap servers. When set, the store joins the consumer group
     /// and ingests the topic (its partition count must equal the store's).
     #[arg(long, env = "PALISADE_KAFKA_BROKERS")]

@@ -17,4 +17,5 @@ pub mod cli;
 pub mod config;
 pub mod dev_kafka;
 pub mod publish;
+pub mod security;
 pub mod serve;

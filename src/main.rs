@@ -21,6 +21,7 @@ async fn main() -> std::process::ExitCode {
         Command::DevKafka(cfg) => palisade::dev_kafka::run(cfg).await,
         Command::Publish(cfg) => palisade::publish::publish(cfg).await,
         Command::Bench(cfg) => palisade::bench::run(cfg).await,
+        Command::Auth(cmd) => palisade::security::auth_command(cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -16,6 +16,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
+    // Security file, TLS and the bind policy (src/security.rs): checked
+    // before anything is created, so a refused start changes nothing.
+    let security = crate::security::prepare(&config)?;
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     let store = Arc::new(Store::open(&config.data, config.store_config())?);
@@ -60,14 +63,16 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     });
     info!(%addr, data = %config.data.display(), partitions = store.partitions(), "palisade is ready");
     // Scripts and tests read this line to learn the address (port 0 picks one).
-    println!("palisade listening on http://{addr}");
-    palisade_http::run(
-        listener,
-        store.clone(),
-        config.http_config(),
-        stopped(stop_rx),
-    )
-    .await?;
+    println!("palisade listening on {}://{addr}", security.scheme());
+    security.announce(addr);
+    security
+        .run(
+            listener,
+            store.clone(),
+            config.http_config(),
+            stopped(stop_rx),
+        )
+        .await?;
     sweeper.abort();
     let ingest_result = match ingester {
         Some(task) => task

@@ -24,7 +24,7 @@ use super::{out, CheckArgs, Failure};
 use crate::config::{ServeArgs, ServeConfig};
 
 /// Every key of the file: the ids of [`ServeConfig`]'s arguments.
-pub const KEYS: [&str; 14] = [
+pub const KEYS: [&str; 18] = [
     "data",
     "listen",
     "partitions",
@@ -33,6 +33,10 @@ pub const KEYS: [&str; 14] = [
     "max_batch_events",
     "snapshot_every",
     "cache_mb",
+    "security",
+    "tls_cert",
+    "tls_key",
+    "insecure",
     "kafka_brokers",
     "kafka_topic",
     "kafka_group",
@@ -53,6 +57,10 @@ pub struct FileConfig {
     max_batch_events: Option<usize>,
     snapshot_every: Option<u64>,
     cache_mb: Option<u64>,
+    security: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    insecure: Option<bool>,
     kafka_brokers: Option<String>,
     kafka_topic: Option<String>,
     kafka_group: Option<String>,
@@ -177,6 +185,10 @@ pub fn resolve(args: ServeArgs, m: &ArgMatches) -> Result<Resolved, String> {
         take!(max_batch_events);
         take!(snapshot_every);
         take!(cache_mb);
+        take!(security, Some);
+        take!(tls_cert, Some);
+        take!(tls_key, Some);
+        take!(insecure);
         take!(kafka_brokers, Some);
         take!(kafka_topic);
         take!(kafka_group);
@@ -227,6 +239,19 @@ pub fn values(c: &ServeConfig) -> Vec<(&'static str, Option<toml::Value>)> {
         ("max_batch_events", z(c.max_batch_events)),
         ("snapshot_every", n(c.snapshot_every)),
         ("cache_mb", n(c.cache_mb)),
+        (
+            "security",
+            c.security.as_deref().and_then(|p| s(&p.to_string_lossy())),
+        ),
+        (
+            "tls_cert",
+            c.tls_cert.as_deref().and_then(|p| s(&p.to_string_lossy())),
+        ),
+        (
+            "tls_key",
+            c.tls_key.as_deref().and_then(|p| s(&p.to_string_lossy())),
+        ),
+        ("insecure", Some(V::Boolean(c.insecure))),
         ("kafka_brokers", c.kafka_brokers.as_deref().and_then(s)),
         ("kafka_topic", s(&c.kafka_topic)),
         ("kafka_group", s(&c.kafka_group)),
@@ -244,6 +269,8 @@ fn unset_note(key: &str) -> &'static str {
     match key {
         "partitions" => "a new store gets 16; an existing store keeps its count",
         "kafka_brokers" => "no Kafka ingestion",
+        "security" => "authentication off: loopback only",
+        "tls_cert" | "tls_key" => "plain HTTP",
         "kafka_dead_letter_topic" => "dead letters are kept in the store only",
         _ => "none",
     }

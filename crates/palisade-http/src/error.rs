@@ -42,10 +42,18 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         self.status
     }
+
+    /// The stable error name.
+    pub fn name(&self) -> &'static str {
+        self.error
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let retry_after = (self.status == StatusCode::TOO_MANY_REQUESTS)
+            .then(|| self.details.get("retry_after_s").and_then(Value::as_u64))
+            .flatten();
         let mut body = json!({ "error": self.error, "message": self.message });
         if let (Value::Object(b), Value::Object(d)) = (&mut body, self.details) {
             b.extend(d);
@@ -54,6 +62,16 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"palisade\""),
+            );
         }
         resp
     }
@@ -124,5 +142,86 @@ impl From<ReadError> for ApiError {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", msg)
             }
         }
+    }
+}
+
+impl From<crate::guard::Refusal> for ApiError {
+    fn from(r: crate::guard::Refusal) -> Self {
+        use crate::guard::Refusal as R;
+        match r {
+            R::Unauthenticated { reason } => {
+                Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", reason)
+            }
+            R::Forbidden {
+                principal,
+                action,
+                scope,
+            } => Self::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("principal {principal:?} may not {action} on {scope}"),
+            )
+            .with(json!({ "action": action.name(), "scope": scope })),
+            R::LeaseNotYours { principal } => Self::new(
+                StatusCode::FORBIDDEN,
+                "lease_not_yours",
+                format!("this lease was granted to another principal, not to {principal:?}"),
+            ),
+            R::TokenNotYours { token } => Self::new(
+                StatusCode::FORBIDDEN,
+                "token_not_yours",
+                format!(
+                    "fencing token {token} was not granted to you; take a lease of your own \
+                     (tokens granted before authentication was on belong to nobody)"
+                ),
+            )
+            .with(json!({ "token": token })),
+            R::RateLimited { retry_after } => {
+                // Whole seconds, rounded up: a client that waits that long
+                // is let through.
+                let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+                Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    format!("too many requests from this principal; retry in {secs} s"),
+                )
+                .with(json!({ "retry_after_s": secs.max(1) }))
+            }
+            R::TooManyLeases { held, max } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_leases",
+                format!("this principal holds {held} live leases; the limit is {max}; release one first"),
+            )
+            .with(json!({ "held": held, "max": max })),
+            R::TwinIdTooLong { len, max } => Self::bad_request(
+                "twin_id_too_long",
+                format!("twin id of {len} bytes; this store's limit is {max}"),
+            ),
+            R::PatchTooDeep { max } => Self::bad_request(
+                "bad_patch",
+                format!("patch nests deeper than {max} levels (this store's limit)"),
+            ),
+            R::PatchTooLarge { len, max } => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "patch_too_large",
+                format!("a patch of {len} bytes; this store's limit is {max} per event"),
+            ),
+            R::BodyTooLarge { max } => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body is larger than the {max}-byte limit"),
+            ),
+            R::AuditStorage(e) => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "storage",
+                format!("audit log: {e}"),
+            ),
+        }
+    }
+}
+
+impl From<palisade_log::AuditError> for ApiError {
+    fn from(e: palisade_log::AuditError) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
     }
 }

@@ -7,9 +7,14 @@
 //! documented in `docs/http-api.md`; its OpenAPI 3 description is generated
 //! from the handlers (`openapi.rs`) and served at `/v1/openapi.json`.
 
+mod audit_api;
+pub mod auth;
 mod error;
+mod guard;
 mod openapi;
 mod routes;
+mod security;
+pub mod tls;
 mod watch;
 mod wire;
 
@@ -20,6 +25,7 @@ use palisade_log::Store;
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
+pub use security::{Limits, Security, SecurityFile, ANONYMOUS};
 pub use routes::router;
 pub use wire::{EventOut, LeaseOut};
 
@@ -32,6 +38,8 @@ pub struct HttpConfig {
     pub max_batch_events: usize,
     /// Most events one history page returns.
     pub max_page: usize,
+    /// Authentication (off by default), limits and audit settings.
+    pub security: Security,
 }
 
 impl Default for HttpConfig {
@@ -40,6 +48,7 @@ impl Default for HttpConfig {
             max_body_bytes: 1 << 20,
             max_batch_events: 1000,
             max_page: 1000,
+            security: Security::default(),
         }
     }
 }
@@ -52,6 +61,32 @@ pub async fn run(
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_on(listener, store, config, shutdown).await
+}
+
+/// [`run`] over HTTPS: each connection's TLS handshake with `acceptor`
+/// (see [`tls::acceptor`]) comes first.
+pub async fn run_tls(
+    listener: TcpListener,
+    acceptor: tls::TlsAcceptor,
+    store: Arc<Store>,
+    config: HttpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tls::TlsListener::new(listener, acceptor)?;
+    serve_on(listener, store, config, shutdown).await
+}
+
+async fn serve_on<L>(
+    listener: L,
+    store: Arc<Store>,
+    config: HttpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let mut closed = closing.clone();
     tokio::spawn(async move {

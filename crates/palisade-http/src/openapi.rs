@@ -47,6 +47,7 @@ use crate::wire;
         crate::watch::watch_partition,
         crate::routes::rejections,
         crate::routes::dead_letters,
+        crate::audit_api::audit,
     ),
     components(schemas(
         EventIn,

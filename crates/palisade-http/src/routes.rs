@@ -60,6 +60,13 @@ fn build(
     keep_open: Option<Arc<tokio::sync::watch::Sender<bool>>>,
 ) -> Router {
     let limit = config.max_body_bytes;
+    crate::guard::install(&store, &config);
+    let state = AppState {
+        store,
+        config,
+        closing,
+        _keep_open: keep_open,
+    };
     Router::new()
         .route("/", get(operator_page))
         .route("/healthz", get(healthz))
@@ -79,6 +86,13 @@ fn build(
         .route("/v1/rejections", get(rejections))
         .route("/v1/dead-letters", get(dead_letters))
         .route("/v1/openapi.json", get(crate::openapi::openapi_json))
+        .route("/v1/audit", get(crate::audit_api::audit))
+        // Authentication, authorization, limits and audit (`guard.rs`):
+        // added after every route, so it covers all of them.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::guard::guard,
+        ))
         .fallback(|| async {
             ApiError::not_found(
                 "no_such_route",
@@ -94,12 +108,7 @@ fn build(
             )
         })
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(AppState {
-            store,
-            config,
-            closing,
-            _keep_open: keep_open,
-        })
+        .with_state(state)
 }
 
 /// The operator page: one self-contained HTML file (no build step) that
@@ -144,7 +153,7 @@ pub(crate) async fn healthz() -> Json<Health> {
 pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.store.metrics().render(),
+        s.store.metrics().render() + &s.store.audit().render_metrics(),
     )
         .into_response()
 }
@@ -393,6 +402,7 @@ pub(crate) async fn append(
             ),
         ));
     }
+    crate::guard::check_patches(&s.config.security.limits, &events)?;
     let done = s.store.append(twin, token, events, expected).await?;
     let mut resp = (
         StatusCode::CREATED,

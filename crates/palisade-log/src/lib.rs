@@ -45,6 +45,7 @@
 //! # Ok(()) }
 //! ```
 
+mod audit;
 mod error;
 mod ingest;
 mod keys;
@@ -54,6 +55,9 @@ mod records;
 mod store;
 mod writer;
 
+pub use audit::{
+    AuditAction, AuditError, AuditLog, AuditOutcome, AuditRecord, DEFAULT_AUDIT_MAX_RECORDS,
+};
 pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
 pub use ingest::{
     DeadLetter, IngestOutcome, IngestRecord, Rejection, DEAD_LETTERS_PER_PARTITION,

@@ -62,6 +62,8 @@ pub struct Store {
     clock: Arc<Clock>,
     metrics: Arc<Metrics>,
     rejections: Arc<RejectionLog>,
+    /// Lease and refusal audit trail and token owners (`audit.rs`).
+    audit: crate::AuditLog,
 }
 
 const FORMAT_KEY: &[u8] = b"format";
@@ -130,6 +132,7 @@ impl Store {
             }
         };
         let authority = LeaseAuthority::open(db.open_tree("leases").map_err(sled_err)?)?;
+        let audit = crate::AuditLog::open(&db).map_err(sled_err)?;
         let last_token = Arc::new(AtomicU64::new(authority.last_token().0));
         let clock = Arc::new(Clock::new(config.max_drift));
         let metrics = Arc::new(Metrics::default());
@@ -171,7 +174,29 @@ impl Store {
             clock,
             metrics,
             rejections,
+            audit,
         })
+    }
+
+    /// The audit log and token owners (used by the HTTP layer's auth).
+    pub fn audit(&self) -> &crate::AuditLog {
+        &self.audit
+    }
+
+    /// The lease with this id, if the authority still holds it (live, or
+    /// expired but not yet swept).
+    pub fn lease(&self, id: LeaseId) -> Option<Lease> {
+        self.authority().get(id).cloned()
+    }
+
+    /// How many live leases `holder` holds.
+    pub fn live_leases_of(&self, holder: &str) -> usize {
+        let auth = self.authority();
+        let now = auth.now();
+        auth.table()
+            .leases()
+            .filter(|l| l.holder == holder && l.expires_in_ms(now) > 0)
+            .count()
     }
 
     pub fn partitions(&self) -> u32 {

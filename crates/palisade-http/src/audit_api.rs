@@ -1,0 +1,101 @@
+//! `GET /v1/audit`: the audit log, oldest first, for principals with
+//! `admin` on `admin/audit` (the guard checks that).
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::ApiError;
+use crate::openapi::ErrorBody;
+use crate::routes::{query, AppState};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct AuditQuery {
+    /// Records with a seq above this (default 0: from the oldest kept).
+    after: Option<u64>,
+    /// At most this many (default 100, at most 1000; larger values are clamped).
+    limit: Option<usize>,
+}
+
+/// One audit record.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditOut {
+    /// Position in the log: increasing, never reused.
+    pub seq: u64,
+    /// Wall-clock milliseconds since 1970.
+    pub at_ms: u64,
+    /// `grant`, `renew`, `release`, `write`, `read` or `admin`.
+    pub action: String,
+    /// `ok`, `stale`, `forbidden`, `limited`, `unauthenticated` or `refused`.
+    pub outcome: String,
+    /// The principal (`anonymous:<holder>` for grants with authentication
+    /// off, empty when the request had no valid key).
+    pub principal: String,
+    /// `twin/<id>`, `partition/<p>` or `admin/<name>`; empty if unknown.
+    pub scope: String,
+    /// The fencing token involved (0: none).
+    pub token: u64,
+    /// The lease id, 32 hex characters (empty: none).
+    pub lease_id: String,
+    /// The stable error name of a refusal (empty on success).
+    pub detail: String,
+}
+
+/// `200` of `GET /v1/audit`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditResponse {
+    pub records: Vec<AuditOut>,
+    /// Pass as `after` for the next page (`null`: no records in this page).
+    pub next_after: Option<u64>,
+}
+
+/// The audit log of lease operations and refused requests, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "operations",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "Audit records, oldest first", body = AuditResponse),
+        (status = 400, description = "`bad_query`", body = ErrorBody),
+        (status = 401, description = "`unauthenticated` (authentication on)", body = ErrorBody),
+        (status = 403, description = "`forbidden`: needs `admin` on `admin/audit`", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn audit(
+    State(s): State<AppState>,
+    q: Result<Query<AuditQuery>, QueryRejection>,
+) -> Result<Json<AuditResponse>, ApiError> {
+    let q = query(q)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
+    let records: Vec<AuditOut> = s
+        .store
+        .audit()
+        .list(q.after.unwrap_or(0), limit)?
+        .into_iter()
+        .map(|r| AuditOut {
+            seq: r.seq,
+            at_ms: r.at_ms,
+            action: r.action.name().to_owned(),
+            outcome: r.outcome.name().to_owned(),
+            principal: r.principal,
+            scope: r.scope,
+            token: r.token,
+            lease_id: if r.lease_id == 0 {
+                String::new()
+            } else {
+                format!("{:032x}", r.lease_id)
+            },
+            detail: r.detail,
+        })
+        .collect();
+    Ok(Json(AuditResponse {
+        next_after: records.last().map(|r| r.seq),
+        records,
+    }))
+}

@@ -1,0 +1,196 @@
+//! `palisade serve`'s security at start-up: the `--security` file
+//! (principals, roles, limits), TLS (`--tls-cert`/`--tls-key`), and the bind
+//! policy: without authentication the store serves loopback only, unless
+//! `--insecure` says otherwise, loudly. Also `palisade auth mint-key`.
+//! See docs/security.md.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use palisade_http::{HttpConfig, Security, SecurityFile};
+use palisade_log::Store;
+use tokio::net::TcpListener;
+
+use crate::config::ServeConfig;
+
+/// The security `palisade serve` runs with.
+pub struct ServeSecurity {
+    pub http: Security,
+    pub tls: Option<palisade_http::tls::TlsAcceptor>,
+    listen: SocketAddr,
+    insecure: bool,
+}
+
+/// Read and check a security file.
+pub fn load_file(path: &Path) -> anyhow::Result<Security> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read security file {}", path.display()))?;
+    let f: SecurityFile = toml::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "security file {}: {}",
+            path.display(),
+            e.to_string().trim_end()
+        )
+    })?;
+    Security::from_file(&f)
+        .map_err(|e| anyhow::anyhow!("security file {}: {e}", path.display()))
+}
+
+/// Load the settings and apply the bind policy. Runs before the store is
+/// opened or a socket bound, so a refused start changes nothing.
+pub fn prepare(config: &ServeConfig) -> anyhow::Result<ServeSecurity> {
+    let http = match &config.security {
+        Some(path) => load_file(path)?,
+        None => Security::default(),
+    };
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(palisade_http::tls::acceptor(cert, key)?),
+        (None, None) => None,
+        _ => bail!("--tls-cert and --tls-key go together: give both or neither"),
+    };
+    let listen = config.listen;
+    if !listen.ip().is_loopback() && !config.insecure {
+        if !http.auth_enabled() {
+            bail!(
+                "refusing to listen on {listen}: authentication is off, so anyone who can reach \
+                 that address could take any lease and write any twin. Configure principals \
+                 (--security FILE, see docs/security.md), or listen on 127.0.0.1, or pass \
+                 --insecure to do it anyway"
+            );
+        }
+        if tls.is_none() {
+            bail!(
+                "refusing to listen on {listen} without TLS: API keys would cross the network \
+                 in clear text. Give --tls-cert and --tls-key (see docs/security.md), or pass \
+                 --insecure (e.g. behind a TLS-terminating proxy)"
+            );
+        }
+    }
+    Ok(ServeSecurity {
+        http,
+        tls,
+        listen,
+        insecure: config.insecure,
+    })
+}
+
+impl std::fmt::Debug for ServeSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeSecurity")
+            .field("http", &self.http)
+            .field("tls", &self.tls.is_some())
+            .field("listen", &self.listen)
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+impl ServeSecurity {
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Say on stderr how the store is exposed (stdout's first line is the
+    /// address, for scripts).
+    pub fn announce(&self, addr: SocketAddr) {
+        let auth = self.http.auth_enabled();
+        if self.insecure && !self.listen.ip().is_loopback() && (!auth || self.tls.is_none()) {
+            let what = if auth {
+                "API keys travel in clear text"
+            } else {
+                "authentication is OFF: anyone who can reach it can take any lease and write any twin"
+            };
+            let banner = "!".repeat(78);
+            eprintln!("{banner}\npalisade: --insecure: serving {addr}; {what}.\n{banner}");
+            tracing::warn!(%addr, auth, tls = self.tls.is_some(), "serving a network address insecurely");
+        } else if !auth {
+            eprintln!(
+                "palisade: authentication is off; listening on loopback only ({addr}). \
+                 See docs/security.md to serve a network."
+            );
+        } else {
+            let n = self.http.auth.as_ref().map_or(0, |a| a.principals().count());
+            tracing::info!(%addr, principals = n, tls = self.tls.is_some(), "authentication on");
+        }
+    }
+
+    /// Serve HTTP or HTTPS on `listener` with these settings.
+    pub async fn run(
+        &self,
+        listener: TcpListener,
+        store: Arc<Store>,
+        mut http: HttpConfig,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        http.security = self.http.clone();
+        match &self.tls {
+            Some(acceptor) => {
+                palisade_http::run_tls(listener, acceptor.clone(), store, http, shutdown).await
+            }
+            None => palisade_http::run(listener, store, http, shutdown).await,
+        }
+    }
+}
+
+/// `palisade auth ...`: API keys for the security file.
+#[derive(Debug, Subcommand)]
+pub enum AuthCommand {
+    /// Mint a new API key and print it with its SHA-256. The security file
+    /// keeps only the hash; give the key to the principal and keep no copy.
+    MintKey {
+        /// The principal's name, to print a ready `[[principals]]` entry.
+        #[arg(long)]
+        name: Option<String>,
+        /// Print `{"key": ..., "key_sha256": ...}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the SHA-256 of a key read from stdin (one line).
+    HashKey,
+}
+
+pub fn auth_command(cmd: AuthCommand) -> anyhow::Result<()> {
+    match cmd {
+        AuthCommand::MintKey { name, json } => {
+            let (key, hash) = palisade_http::auth::mint_key().map_err(anyhow::Error::msg)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "key": key, "key_sha256": hash, "name": name })
+                );
+            } else {
+                println!("key:        {key}");
+                println!("key_sha256: {hash}");
+                println!();
+                println!("# for the security file (the key itself goes to the principal only):");
+                println!("[[principals]]");
+                println!(
+                    "name = {}",
+                    serde_json::Value::String(name.unwrap_or_else(|| "worker-a".into()))
+                );
+                println!("key_sha256 = \"{hash}\"");
+                println!("roles = [\"worker\"]");
+            }
+        }
+        AuthCommand::HashKey => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("cannot read the key from stdin")?;
+            let key = line.trim_end_matches(['\r', '\n']);
+            if key.is_empty() {
+                bail!("no key on stdin");
+            }
+            println!("{}", palisade_http::auth::hash_key(key));
+        }
+    }
+    Ok(())
+}

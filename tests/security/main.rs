@@ -1,0 +1,1 @@
+//! Authentication, authorization, TLS, limits and audit over real HTTP (in progress).
