@@ -84,8 +84,8 @@ fn stream_of(cursor: Cursor) -> impl Stream<Item = Result<SseEvent, Infallible>>
             // lands during the read still wakes us.
             c.head.borrow_and_update();
             let page = match &c.source {
-                Source::Twin(t) => c.store.twin_events(t, c.last, PAGE),
-                Source::Partition(p) => c.store.partition_events(*p, c.last, PAGE),
+                Source::Twin(t) => c.store.twin_events_async(t, c.last, PAGE).await,
+                Source::Partition(p) => c.store.partition_events_async(*p, c.last, PAGE).await,
             };
             match page {
                 Ok(events) if !events.is_empty() => c.buf.extend(events),

@@ -1,8 +1,10 @@
 //! Reads: twin state (current or as of a sequence number or HLC time), twin
 //! history, partition tails and partition summaries. Reads go straight to
-//! sled; they never pass through a writer.
+//! sled; they never pass through a writer. Async callers use the `*_async`
+//! variants, which run the same read on tokio's blocking pool.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use palisade_core::{codec, Event, FencingToken, Hlc, PartitionId, Scope, TwinId};
 use palisade_lease::Lease;
@@ -62,6 +64,23 @@ fn get_decoded<T: bincode::Decode<()>>(
     match tree.get(key)? {
         Some(v) => codec::decode(&v).map(Some).map_err(|e| damaged(key, e)),
         None => Ok(None),
+    }
+}
+
+/// Run a read on tokio's blocking pool. A sled read can wait on sled's
+/// process-wide batch lock while any partition writer is in `apply_batch`;
+/// on an async worker that wait would stall every connection the worker
+/// serves (docs/benchmarks.md, "Reads under write load").
+async fn off_worker<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, ReadError> + Send + 'static,
+) -> Result<T, ReadError> {
+    match tokio::task::spawn_blocking(read).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only when the runtime shuts down under the read.
+        Err(e) => Err(ReadError::Storage(sled::Error::Unsupported(format!(
+            "the read was cancelled: {e}"
+        )))),
     }
 }
 
@@ -229,6 +248,55 @@ impl Store {
             });
         }
         Ok(out)
+    }
+
+    /// [`Store::twin`] on tokio's blocking pool, for async callers (HTTP).
+    pub async fn twin_async(
+        self: &Arc<Self>,
+        twin: &TwinId,
+        at: AsOf,
+    ) -> Result<Option<TwinView>, ReadError> {
+        let (store, twin) = (self.clone(), twin.clone());
+        off_worker(move || store.twin(&twin, at)).await
+    }
+
+    /// [`Store::twin_events`] on tokio's blocking pool.
+    pub async fn twin_events_async(
+        self: &Arc<Self>,
+        twin: &TwinId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, ReadError> {
+        let (store, twin) = (self.clone(), twin.clone());
+        off_worker(move || store.twin_events(&twin, after, limit)).await
+    }
+
+    /// [`Store::partition_events`] on tokio's blocking pool.
+    pub async fn partition_events_async(
+        self: &Arc<Self>,
+        p: PartitionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, ReadError> {
+        let store = self.clone();
+        off_worker(move || store.partition_events(p, after, limit)).await
+    }
+
+    /// [`Store::partition_infos`] on tokio's blocking pool.
+    pub async fn partition_infos_async(self: &Arc<Self>) -> Result<Vec<PartitionInfo>, ReadError> {
+        let store = self.clone();
+        off_worker(move || store.partition_infos()).await
+    }
+
+    /// [`Store::dead_letters`] on tokio's blocking pool.
+    pub async fn dead_letters_async(
+        self: &Arc<Self>,
+        partition: Option<PartitionId>,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<crate::DeadLetter>, ReadError> {
+        let store = self.clone();
+        off_worker(move || store.dead_letters(partition, after, limit)).await
     }
 
     /// A twin's current fence (0 if no grant or write has touched it).
