@@ -478,7 +478,7 @@ pub(crate) async fn get_twin(
         })?),
         (None, None) => AsOf::Latest,
     };
-    let view = s.store.twin(&twin, at)?.ok_or_else(|| {
+    let view = s.store.twin_async(&twin, at).await?.ok_or_else(|| {
         ApiError::not_found(
             "twin_not_found",
             format!(
@@ -563,11 +563,11 @@ pub(crate) async fn twin_events(
     let twin = twin_id(twin)?;
     let q = query(q)?;
     let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
-    Ok(page(s.store.twin_events(
-        &twin,
-        q.after.unwrap_or(0),
-        limit,
-    )?))
+    Ok(page(
+        s.store
+            .twin_events_async(&twin, q.after.unwrap_or(0), limit)
+            .await?,
+    ))
 }
 
 /// A partition's events, oldest first.
@@ -599,11 +599,11 @@ pub(crate) async fn partition_events(
     })?;
     let q = query(q)?;
     let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
-    Ok(page(s.store.partition_events(
-        PartitionId(p),
-        q.after.unwrap_or(0),
-        limit,
-    )?))
+    Ok(page(
+        s.store
+            .partition_events_async(PartitionId(p), q.after.unwrap_or(0), limit)
+            .await?,
+    ))
 }
 
 /// Every partition: fence, head and owner.
@@ -619,7 +619,7 @@ pub(crate) async fn partition_events(
 pub(crate) async fn partitions(
     State(s): State<AppState>,
 ) -> Result<Json<PartitionsResponse>, ApiError> {
-    let infos = s.store.partition_infos()?;
+    let infos = s.store.partition_infos_async().await?;
     let partitions = infos
         .into_iter()
         .map(|i| PartitionOut {
@@ -727,7 +727,8 @@ pub(crate) async fn dead_letters(
     let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
     let dead_letters = s
         .store
-        .dead_letters(q.partition.map(PartitionId), q.after, limit)?
+        .dead_letters_async(q.partition.map(PartitionId), q.after, limit)
+        .await?
         .into_iter()
         .map(|d| DeadLetterOut {
             at_ms: d.at_ms,
