@@ -245,6 +245,46 @@ pub struct ServeConfig {
     /// comma separated in the environment variable.
     #[arg(long = "kafka-setting", env = "PALISADE_KAFKA_SETTINGS", value_delimiter = ',', value_parser = parse_setting)]
     pub kafka_settings: Vec<(String, String)>,
+    /// Where leases and fencing tokens come from: `embedded` (in the store,
+    /// one node) or `etcd` (etcd leases; token = the lock key's create
+    /// revision; see docs/decisions/0011-etcd-lease-authority.md). A store
+    /// keeps the backend its first token came from.
+    #[arg(long, env = "PALISADE_LEASE_BACKEND", value_enum, default_value_t = LeaseBackend::Embedded)]
+    pub lease_backend: LeaseBackend,
+    /// etcd members, `http://host:port`; repeatable (env: comma separated).
+    #[arg(long, env = "PALISADE_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Prefix of every etcd key Palisade writes (clusters can share one etcd).
+    #[arg(long, env = "PALISADE_ETCD_PREFIX", default_value = "/palisade/")]
+    pub etcd_prefix: String,
+    /// Cluster mode: this node's id in the consumer group (see
+    /// docs/decisions/0012-cluster-mode.md). Needs --lease-backend etcd and
+    /// --kafka-brokers.
+    #[arg(long, env = "PALISADE_CLUSTER_NODE")]
+    pub cluster_node: Option<String>,
+    /// Cluster mode: the URL other nodes and clients reach this node at
+    /// (default: http:// + the listen address).
+    #[arg(long, env = "PALISADE_CLUSTER_ADVERTISE")]
+    pub cluster_advertise: Option<String>,
+}
+
+/// Where leases and fencing tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseBackend {
+    /// The store's own durable counter (one node).
+    Embedded,
+    /// etcd leases; the token is the lock key's create revision.
+    Etcd,
+}
+
+impl LeaseBackend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Embedded => "embedded",
+            Self::Etcd => "etcd",
+        }
+    }
 }
 
 fn parse_setting(s: &str) -> Result<(String, String), String> {
@@ -306,6 +346,26 @@ impl ServeConfig {
         }
         if self.snapshot_every == 0 {
             return Err("--snapshot-every must be at least 1".into());
+        }
+        if self.lease_backend == LeaseBackend::Etcd && self.etcd_endpoints.is_empty() {
+            return Err("--lease-backend etcd needs --etcd-endpoints".into());
+        }
+        if self.cluster_node.is_some()
+            && (self.lease_backend != LeaseBackend::Etcd || self.kafka_brokers.is_none())
+        {
+            return Err(
+                "--cluster-node (cluster mode) needs --lease-backend etcd and --kafka-brokers"
+                    .into(),
+            );
+        }
+        if self.cluster_node.as_deref().is_some_and(|n| {
+            n.is_empty()
+                || n.len() > 128
+                || !n
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        }) {
+            return Err("--cluster-node must be 1 to 128 of A-Z a-z 0-9 - _ .".into());
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ pub use palisade_twin as twin;
 
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod dev_kafka;
 pub mod publish;

@@ -22,6 +22,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     let store = Arc::new(Store::open(&config.data, config.store_config())?);
+    let _etcd = crate::cluster::bind_lease_backend(&store, &config).await?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -24,7 +24,7 @@ use super::{out, CheckArgs, Failure};
 use crate::config::{ServeArgs, ServeConfig};
 
 /// Every key of the file: the ids of [`ServeConfig`]'s arguments.
-pub const KEYS: [&str; 18] = [
+pub const KEYS: [&str; 23] = [
     "data",
     "listen",
     "partitions",
@@ -43,6 +43,11 @@ pub const KEYS: [&str; 18] = [
     "kafka_dead_letter_topic",
     "kafka_max_record_bytes",
     "kafka_settings",
+    "lease_backend",
+    "etcd_endpoints",
+    "etcd_prefix",
+    "cluster_node",
+    "cluster_advertise",
 ];
 
 /// The file, as written: every key optional, unknown keys refused.
@@ -69,6 +74,11 @@ pub struct FileConfig {
     /// librdkafka settings: `{ "security.protocol" = "ssl", ... }`, string
     /// values (checked by [`FileConfig::parse`]).
     kafka_settings: Option<toml::Table>,
+    lease_backend: Option<crate::config::LeaseBackend>,
+    etcd_endpoints: Option<Vec<String>>,
+    etcd_prefix: Option<String>,
+    cluster_node: Option<String>,
+    cluster_advertise: Option<String>,
 }
 
 /// `kafka_settings` as `--kafka-setting` pairs (values checked by `parse`).
@@ -195,6 +205,11 @@ pub fn resolve(args: ServeArgs, m: &ArgMatches) -> Result<Resolved, String> {
         take!(kafka_dead_letter_topic, Some);
         take!(kafka_max_record_bytes);
         take!(kafka_settings, settings_of);
+        take!(lease_backend);
+        take!(etcd_endpoints);
+        take!(etcd_prefix);
+        take!(cluster_node, Some);
+        take!(cluster_advertise, Some);
     }
     Ok(Resolved {
         config: cfg,
@@ -261,6 +276,24 @@ pub fn values(c: &ServeConfig) -> Vec<(&'static str, Option<toml::Value>)> {
         ),
         ("kafka_max_record_bytes", z(c.kafka_max_record_bytes)),
         ("kafka_settings", settings),
+        ("lease_backend", s(c.lease_backend.name())),
+        (
+            "etcd_endpoints",
+            (!c.etcd_endpoints.is_empty()).then(|| {
+                V::Array(
+                    c.etcd_endpoints
+                        .iter()
+                        .map(|e| V::String(e.clone()))
+                        .collect(),
+                )
+            }),
+        ),
+        ("etcd_prefix", s(&c.etcd_prefix)),
+        ("cluster_node", c.cluster_node.as_deref().and_then(s)),
+        (
+            "cluster_advertise",
+            c.cluster_advertise.as_deref().and_then(s),
+        ),
     ]
 }
 
@@ -272,6 +305,9 @@ fn unset_note(key: &str) -> &'static str {
         "security" => "authentication off: loopback only",
         "tls_cert" | "tls_key" => "plain HTTP",
         "kafka_dead_letter_topic" => "dead letters are kept in the store only",
+        "etcd_endpoints" => "none (needed by lease_backend = \"etcd\")",
+        "cluster_node" => "single-node mode",
+        "cluster_advertise" => "http:// + listen",
         _ => "none",
     }
 }

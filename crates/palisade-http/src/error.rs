@@ -128,6 +128,7 @@ impl From<LeaseOpError> for ApiError {
             },
             LeaseOpError::UnknownPartition { .. } => Self::bad_request("unknown_partition", msg),
             LeaseOpError::Storage(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", msg),
+            LeaseOpError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "lease_authority_unavailable", msg),
             LeaseOpError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "closed", msg),
         }
     }

@@ -11,6 +11,10 @@
 //!   the outcome in a sled tree (token counter and lease records in one atomic
 //!   batch, flushed) and only then returns it.
 //!
+//! - [`RemoteAuthority`]: the seam for an authority outside the store (etcd,
+//!   in `palisade-etcd`), chosen by configuration; the embedded one stays the
+//!   default.
+//!
 //! Leases only decide *liveness* (who should be writing). Safety comes from
 //! the fence the log checks on every append: a lease holder that was paused
 //! past its TTL still holds a token, and the log refuses it once a later
@@ -34,9 +38,11 @@
 //! ```
 
 mod authority;
+mod remote;
 mod table;
 
 pub use authority::{AuthorityError, LeaseAuthority};
+pub use remote::{BoxFuture, RemoteAuthority, RemoteError};
 pub use table::{
     AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis, MAX_HOLDER_LEN, MAX_TTL_MS,
     MIN_TTL_MS,

@@ -34,6 +34,23 @@ pub struct AcquireRequest {
     pub ttl_ms: u64,
 }
 
+impl AcquireRequest {
+    /// The checks every authority (embedded or remote) makes before a grant:
+    /// a TTL within bounds and a printable, bounded holder name.
+    pub fn validate(&self) -> Result<(), LeaseError> {
+        if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&self.ttl_ms) {
+            return Err(LeaseError::BadTtl(self.ttl_ms));
+        }
+        if self.holder.is_empty()
+            || self.holder.len() > MAX_HOLDER_LEN
+            || self.holder.chars().any(char::is_control)
+        {
+            return Err(LeaseError::BadHolder);
+        }
+        Ok(())
+    }
+}
+
 /// A granted lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -161,15 +178,7 @@ impl LeaseTable {
         id: LeaseId,
         now: Millis,
     ) -> Result<Grant, LeaseError> {
-        if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&req.ttl_ms) {
-            return Err(LeaseError::BadTtl(req.ttl_ms));
-        }
-        if req.holder.is_empty()
-            || req.holder.len() > MAX_HOLDER_LEN
-            || req.holder.chars().any(char::is_control)
-        {
-            return Err(LeaseError::BadHolder);
-        }
+        req.validate()?;
         if self.by_id.contains_key(&id) || self.retired.contains_key(&id) {
             return Err(LeaseError::DuplicateId(id));
         }

@@ -66,6 +66,9 @@ pub enum LeaseOpError {
     },
     #[error("lease storage failed: {0}")]
     Storage(String),
+    /// The remote lease authority (etcd) could not be reached.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the store is shutting down")]
     Closed,
 }

@@ -46,6 +46,7 @@
 //! ```
 
 mod audit;
+mod cluster;
 mod error;
 mod ingest;
 mod keys;
@@ -58,6 +59,7 @@ mod writer;
 pub use audit::{
     AuditAction, AuditError, AuditLog, AuditOutcome, AuditRecord, DEFAULT_AUDIT_MAX_RECORDS,
 };
+pub use cluster::BackendError;
 pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
 pub use ingest::{
     DeadLetter, IngestOutcome, IngestRecord, Rejection, DEAD_LETTERS_PER_PARTITION,

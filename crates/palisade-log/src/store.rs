@@ -5,7 +5,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use palisade_core::{codec, Clock, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
-use palisade_lease::{AcquireRequest, AuthorityError, Lease, LeaseAuthority};
+use palisade_lease::{AcquireRequest, AuthorityError, Lease, LeaseAuthority, RemoteAuthority};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, instrument, warn};
 
@@ -58,7 +58,10 @@ pub struct Store {
     /// Each partition's durable head, updated after every flush.
     heads: Vec<tokio::sync::watch::Receiver<u64>>,
     pub(crate) authority: Arc<Mutex<LeaseAuthority>>,
-    last_token: Arc<AtomicU64>,
+    /// A lease authority outside the store (etcd), set once at start-up by
+    /// `use_remote_authority` (cluster.rs); when set it replaces `authority`.
+    pub(crate) remote: std::sync::OnceLock<Arc<dyn RemoteAuthority>>,
+    pub(crate) last_token: Arc<AtomicU64>,
     clock: Arc<Clock>,
     metrics: Arc<Metrics>,
     rejections: Arc<RejectionLog>,
@@ -170,6 +173,7 @@ impl Store {
             threads: Mutex::new(threads),
             heads,
             authority: Arc::new(Mutex::new(authority)),
+            remote: std::sync::OnceLock::new(),
             last_token,
             clock,
             metrics,
@@ -253,17 +257,21 @@ impl Store {
                 });
             }
         }
-        let id = LeaseId(uuid::Uuid::new_v4().as_u128());
-        let auth = self.authority.clone();
-        let grant = tokio::task::spawn_blocking(move || {
-            auth.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .acquire(req, id)
-        })
-        .await
-        .map_err(|e| LeaseOpError::Storage(e.to_string()))?
-        .map_err(|e| self.lease_failure(e))?;
-        let lease = grant.lease;
+        let lease = if let Some(remote) = self.remote.get() {
+            self.remote_acquire(remote.as_ref(), req).await?
+        } else {
+            let id = LeaseId(uuid::Uuid::new_v4().as_u128());
+            let auth = self.authority.clone();
+            tokio::task::spawn_blocking(move || {
+                auth.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .acquire(req, id)
+            })
+            .await
+            .map_err(|e| LeaseOpError::Storage(e.to_string()))?
+            .map_err(|e| self.lease_failure(e))?
+            .lease
+        };
         self.last_token.fetch_max(lease.token.0, Ordering::SeqCst);
         let p = lease.scope.partition(self.partitions);
         let (reply, rx) = oneshot::channel();
@@ -288,6 +296,9 @@ impl Store {
     }
 
     pub async fn renew(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
+        if let Some(remote) = self.remote.get() {
+            return self.remote_renew(remote.as_ref(), id).await;
+        }
         let r = self
             .authority()
             .renew(id)
@@ -297,6 +308,9 @@ impl Store {
     }
 
     pub async fn release(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
+        if let Some(remote) = self.remote.get() {
+            return self.remote_release(remote.as_ref(), id).await;
+        }
         let auth = self.authority.clone();
         let r = tokio::task::spawn_blocking(move || {
             auth.lock()
@@ -313,6 +327,10 @@ impl Store {
     /// Retire expired leases (and delete their records). The server calls
     /// this periodically; expiry itself needs no sweep to take effect.
     pub async fn sweep_leases(&self) -> Result<usize, LeaseOpError> {
+        if self.remote.get().is_some() {
+            // The remote authority expires its own leases.
+            return Ok(0);
+        }
         let auth = self.authority.clone();
         let gone = tokio::task::spawn_blocking(move || {
             auth.lock()
@@ -330,15 +348,21 @@ impl Store {
 
     /// Milliseconds until `lease` expires, by the authority's monotonic clock.
     pub fn lease_expires_in(&self, lease: &Lease) -> u64 {
+        if let Some(remote) = self.remote.get() {
+            return lease.expires_in_ms(remote.now());
+        }
         lease.expires_in_ms(self.authority().now())
     }
 
     /// The live lease on `scope`, if any.
     pub fn lease_holder(&self, scope: &Scope) -> Option<Lease> {
+        if let Some(remote) = self.remote.get() {
+            return remote.holder_of(scope);
+        }
         self.authority().holder_of(scope).cloned()
     }
 
-    fn lease_failure(&self, e: AuthorityError) -> LeaseOpError {
+    pub(crate) fn lease_failure(&self, e: AuthorityError) -> LeaseOpError {
         match e {
             AuthorityError::Lease(e) => {
                 self.metrics.lease_refused(match &e {
@@ -355,7 +379,7 @@ impl Store {
         }
     }
 
-    fn writer(&self, p: PartitionId) -> &mpsc::Sender<Command> {
+    pub(crate) fn writer(&self, p: PartitionId) -> &mpsc::Sender<Command> {
         &self.writers[p.0 as usize % self.writers.len()]
     }
 
@@ -392,9 +416,12 @@ impl Store {
             Err(AppendError::NotIssued { token }) => {
                 // The writer only knows the token was not granted for its
                 // partition: tell "never issued" from "issued elsewhere".
-                let scope = (token.0 != 0 && token <= self.last_token())
-                    .then(|| self.authority().scope_of_token(token))
-                    .flatten();
+                let scope = match self.remote.get() {
+                    Some(remote) => remote.scope_of_token(token).await,
+                    None => (token.0 != 0 && token <= self.last_token())
+                        .then(|| self.authority().scope_of_token(token))
+                        .flatten(),
+                };
                 let e = match scope {
                     Some(scope) => AppendError::WrongScope {
                         token,
@@ -448,6 +475,30 @@ impl Store {
                 record,
                 reply,
             })
+            .await
+            .map_err(|_| AppendError::Closed)?;
+        Ok(rx)
+    }
+
+    /// Queue many source records of one partition, in offset order, as one
+    /// command: the writer handles them in order in one group commit and
+    /// answers once with every outcome (one channel message and one reply
+    /// per fetch instead of per record). If a record fails, the ones after
+    /// it in the batch are not applied and the reply is that error.
+    pub async fn enqueue_ingest_batch(
+        &self,
+        partition: PartitionId,
+        records: Vec<(u64, IngestRecord)>,
+    ) -> Result<oneshot::Receiver<Result<Vec<IngestOutcome>, AppendError>>, AppendError> {
+        if partition.0 >= self.partitions {
+            return Err(AppendError::BadEvent(format!(
+                "source partition {partition} does not exist; the store has {} partitions",
+                self.partitions
+            )));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.writer(partition)
+            .send(Command::IngestBatch { records, reply })
             .await
             .map_err(|_| AppendError::Closed)?;
         Ok(rx)

@@ -1,0 +1,62 @@
+//! The seam between the store and a lease authority that lives outside it
+//! (etcd, `palisade-etcd`). The embedded [`LeaseAuthority`](crate::LeaseAuthority)
+//! stays the default; a store given a [`RemoteAuthority`] asks it instead for
+//! every grant, renewal and release, and still registers each grant with the
+//! partition writer that enforces it (fence raised at once, token checked for
+//! scope and never-regress exactly as for embedded tokens).
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+
+use palisade_core::{FencingToken, LeaseId, Scope};
+
+use crate::table::{AcquireRequest, Lease, LeaseError, Millis};
+
+/// A boxed, sendable future: the trait is used as `dyn RemoteAuthority`,
+/// which `async fn` in traits does not allow.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a remote authority refused or failed a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteError {
+    /// The authority decided: the same refusals as the embedded table.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// The authority could not be reached or did not answer; nothing is
+    /// known to have been granted.
+    #[error("lease authority {authority} unavailable: {detail}")]
+    Unavailable {
+        authority: &'static str,
+        detail: String,
+    },
+}
+
+/// A lease authority outside the store. Tokens it hands out must be
+/// monotonic across every grant it ever makes (etcd: the lock key's create
+/// revision); the store relies on nothing else.
+pub trait RemoteAuthority: Send + Sync + Debug {
+    /// Short name for logs and `/partitions` (`"etcd"`).
+    fn name(&self) -> &'static str;
+
+    /// Grant `req.scope` to `req.holder` unless another holder has it. The
+    /// returned lease's `ttl_ms` is the TTL actually granted (it may be
+    /// rounded up) and its `expires_at` is in this authority's [`Millis`].
+    fn acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Lease, RemoteError>>;
+
+    /// Extend a live lease by its TTL, by lease id only.
+    fn renew(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>>;
+
+    /// Give a live lease up, by lease id only.
+    fn release(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>>;
+
+    /// The scope a token was granted on, if this authority issued it.
+    fn scope_of_token(&self, token: FencingToken) -> BoxFuture<'_, Option<Scope>>;
+
+    /// The live lease on `scope` as far as this process knows (leases it
+    /// granted or renewed), without a round trip: used by listings only.
+    fn holder_of(&self, scope: &Scope) -> Option<Lease>;
+
+    /// Monotonic now in the time base of the leases' `expires_at`.
+    fn now(&self) -> Millis;
+}

@@ -1,0 +1,183 @@
+//! The store's side of a lease authority outside it (etcd) and of cluster
+//! mode: choosing the authority, asking it, and registering what it grants
+//! with the partition writers (docs/decisions/0011-etcd-lease-authority.md).
+//! Kept out of store.rs so the hooks there stay one line each.
+
+use std::sync::Arc;
+
+use palisade_core::{FencingToken, LeaseId, Scope};
+use palisade_lease::{AcquireRequest, Lease, RemoteAuthority, RemoteError};
+use tokio::sync::oneshot;
+use tracing::warn;
+
+use crate::error::LeaseOpError;
+use crate::writer::Command;
+use crate::Store;
+
+/// Meta key naming the lease authority a store's tokens come from. Tokens of
+/// two authorities are two unrelated counters: mixing them in one store
+/// would let a token number mean two grants, so a store keeps one.
+const LEASE_BACKEND_KEY: &[u8] = b"lease_backend";
+
+/// Why a store cannot use the lease authority it was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    #[error("this store's fencing tokens came from the {recorded} lease authority; it cannot switch to {requested} (token numbers of two authorities collide). Use a new data folder, or the {recorded} backend")]
+    Mismatch { recorded: String, requested: String },
+    #[error("a lease authority is already in use by this store")]
+    AlreadySet,
+    #[error("store metadata: {0}")]
+    Storage(String),
+}
+
+impl Store {
+    /// The lease authority recorded for this store's tokens: `"embedded"`
+    /// unless a remote one was bound to it.
+    pub fn lease_backend(&self) -> Result<String, BackendError> {
+        let meta = self
+            .db
+            .open_tree("meta")
+            .map_err(|e| BackendError::Storage(e.to_string()))?;
+        Ok(
+            match meta
+                .get(LEASE_BACKEND_KEY)
+                .map_err(|e| BackendError::Storage(e.to_string()))?
+            {
+                Some(v) => String::from_utf8_lossy(&v).into_owned(),
+                None => "embedded".to_owned(),
+            },
+        )
+    }
+
+    /// Check that the embedded authority may serve this store: refused if
+    /// the store's tokens came from a remote one.
+    pub fn check_embedded_backend(&self) -> Result<(), BackendError> {
+        match self.lease_backend()? {
+            b if b == "embedded" => Ok(()),
+            recorded => Err(BackendError::Mismatch {
+                recorded,
+                requested: "embedded".into(),
+            }),
+        }
+    }
+
+    /// Hand every lease operation to `authority` from now on (once, at
+    /// start-up, before serving). Refused for a store whose tokens came from
+    /// another authority; a new store records the choice durably.
+    pub fn use_remote_authority(
+        &self,
+        authority: Arc<dyn RemoteAuthority>,
+    ) -> Result<(), BackendError> {
+        let name = authority.name();
+        let recorded = self.lease_backend()?;
+        let embedded_used = self.authority().last_token().0 > 0;
+        if recorded != name && (recorded != "embedded" || embedded_used) {
+            return Err(BackendError::Mismatch {
+                recorded,
+                requested: name.into(),
+            });
+        }
+        if recorded != name {
+            let meta = self
+                .db
+                .open_tree("meta")
+                .map_err(|e| BackendError::Storage(e.to_string()))?;
+            meta.insert(LEASE_BACKEND_KEY, name.as_bytes())
+                .and_then(|_| meta.flush())
+                .map_err(|e| BackendError::Storage(e.to_string()))?;
+        }
+        self.remote
+            .set(authority)
+            .map_err(|_| BackendError::AlreadySet)
+    }
+
+    /// Register a grant made elsewhere (by a remote authority, possibly
+    /// through another node) with the writer that enforces its scope: the
+    /// token becomes valid for the scope and the scope's fence is raised to
+    /// it, durably, before this returns. Idempotent.
+    pub async fn register_grant(
+        &self,
+        token: FencingToken,
+        scope: Scope,
+        holder: String,
+    ) -> Result<(), LeaseOpError> {
+        let p = scope.partition(self.partitions);
+        if p.0 >= self.partitions {
+            return Err(LeaseOpError::UnknownPartition {
+                scope,
+                partition: p,
+                partitions: self.partitions,
+            });
+        }
+        self.last_token
+            .fetch_max(token.0, std::sync::atomic::Ordering::SeqCst);
+        let (reply, rx) = oneshot::channel();
+        self.writer(p)
+            .send(Command::Grant {
+                token,
+                scope,
+                holder,
+                reply,
+            })
+            .await
+            .map_err(|_| LeaseOpError::Closed)?;
+        rx.await
+            .map_err(|_| LeaseOpError::Closed)?
+            .map_err(LeaseOpError::Storage)
+    }
+
+    pub(crate) async fn remote_acquire(
+        &self,
+        remote: &dyn RemoteAuthority,
+        req: AcquireRequest,
+    ) -> Result<Lease, LeaseOpError> {
+        let before = self.last_token();
+        let lease = remote
+            .acquire(req)
+            .await
+            .map_err(|e| self.remote_failure(e))?;
+        if lease.token <= before {
+            // Only after a store was moved to a fresh authority; the fence
+            // refuses such tokens (never regress), so say why.
+            warn!(token = lease.token.0, last = before.0, authority = remote.name(), "the authority granted a token at or below one this store has seen; writes with it will be refused as stale");
+        }
+        Ok(lease)
+    }
+
+    pub(crate) async fn remote_renew(
+        &self,
+        remote: &dyn RemoteAuthority,
+        id: LeaseId,
+    ) -> Result<Lease, LeaseOpError> {
+        let lease = remote.renew(id).await.map_err(|e| self.remote_failure(e))?;
+        self.metrics()
+            .lease_renewals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(lease)
+    }
+
+    pub(crate) async fn remote_release(
+        &self,
+        remote: &dyn RemoteAuthority,
+        id: LeaseId,
+    ) -> Result<Lease, LeaseOpError> {
+        let lease = remote
+            .release(id)
+            .await
+            .map_err(|e| self.remote_failure(e))?;
+        self.metrics()
+            .lease_releases
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(lease)
+    }
+
+    fn remote_failure(&self, e: RemoteError) -> LeaseOpError {
+        match e {
+            RemoteError::Lease(l) => self.lease_failure(palisade_lease::AuthorityError::Lease(l)),
+            RemoteError::Unavailable { .. } => {
+                self.metrics().lease_refused("unavailable");
+                LeaseOpError::Unavailable(e.to_string())
+            }
+        }
+    }
+}
