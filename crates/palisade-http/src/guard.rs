@@ -184,12 +184,24 @@ impl Audit<'_> {
     }
 }
 
+/// The audit outcome of an append the handler refused (`None`: not worth a
+/// record, e.g. malformed input).
 fn outcome_of(status: StatusCode) -> Option<AuditOutcome> {
     match status.as_u16() {
         409 => Some(AuditOutcome::Stale),
         403 => Some(AuditOutcome::Forbidden),
         413 | 429 => Some(AuditOutcome::Limited),
         _ => None,
+    }
+}
+
+/// The audit outcome of a lease operation the handler refused (409 there
+/// is `lease_held`, not a stale token).
+fn lease_outcome_of(status: StatusCode) -> AuditOutcome {
+    match status.as_u16() {
+        403 => AuditOutcome::Forbidden,
+        413 | 429 => AuditOutcome::Limited,
+        _ => AuditOutcome::Refused,
     }
 }
 
@@ -510,7 +522,7 @@ async fn acquire(
         }
     } else {
         audit.record(
-            outcome_of(status).unwrap_or(AuditOutcome::Refused),
+            lease_outcome_of(status),
             &error_name(&bytes),
         );
     }
@@ -571,7 +583,7 @@ async fn lease_op(
     }
     let (parts, bytes) = buffered(resp).await;
     audit.record(
-        outcome_of(status).unwrap_or(AuditOutcome::Refused),
+        lease_outcome_of(status),
         &error_name(&bytes),
     );
     Response::from_parts(parts, Body::from(bytes))
