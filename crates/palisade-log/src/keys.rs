@@ -6,13 +6,21 @@
 
 use palisade_core::TwinId;
 
-/// `0x01 ++ seq` -> `Event`.
+/// The store's on-disk layout version, kept in `meta/format`. Layout 2
+/// stores events in batches and has no durable dedupe keys
+/// (`docs/decisions/0013-event-batches.md`); value encodings did not change,
+/// so every value still starts with `codec::FORMAT_VERSION` (1).
+pub const LAYOUT_VERSION: u8 = 2;
+
+/// `0x01 ++ first_seq` -> `EventBatch`: consecutive events of one twin.
 pub(crate) const EVENT: u8 = 0x01;
 /// `0x02 ++ twin` -> `TwinRecord` (fence, version, current state).
 pub(crate) const TWIN: u8 = 0x02;
-/// `0x03 ++ twin ++ seq` -> empty: the twin's history index.
+/// `0x03 ++ twin ++ first_seq` -> empty: the twin's history index, one
+/// entry per event batch.
 pub(crate) const HISTORY: u8 = 0x03;
-/// `0x04 ++ twin ++ event_id bytes` -> seq (u64 BE): durable dedupe.
+/// `0x04 ++ twin ++ event_id bytes`: the key of the in-memory dedupe window
+/// (layout 1 stored it; layout 2 does not).
 pub(crate) const DEDUPE: u8 = 0x04;
 /// `0x05 ++ twin ++ seq` -> `Snapshot` of the twin's state at that seq.
 pub(crate) const SNAPSHOT: u8 = 0x05;

@@ -46,6 +46,7 @@
 //! ```
 
 mod audit;
+mod batch;
 mod cluster;
 mod error;
 mod ingest;

@@ -10,6 +10,7 @@ use palisade_core::{codec, Event, FencingToken, Hlc, PartitionId, Scope, TwinId}
 use palisade_lease::Lease;
 use palisade_twin::TwinState;
 
+use crate::batch::EventBatch;
 use crate::error::ReadError;
 use crate::keys;
 use crate::records::{PartitionMeta, Snapshot, TwinRecord};
@@ -178,7 +179,9 @@ impl Store {
         Ok((version, state))
     }
 
-    /// The twin's events with `after < seq <= upto`, in sequence order.
+    /// The twin's events with `after < seq <= upto`, in sequence order: its
+    /// history entries (one per event batch) from the last one at or before
+    /// `after + 1`, each batch read and cut to the range.
     fn twin_history<'a>(
         &self,
         tree: &'a sled::Tree,
@@ -186,18 +189,33 @@ impl Store {
         after: u64,
         upto: u64,
     ) -> Result<impl Iterator<Item = Result<Event, ReadError>> + 'a, ReadError> {
-        let start = keys::history(twin, after.saturating_add(1));
-        let end = keys::history(twin, upto);
+        let from = after.saturating_add(1);
         let empty = after >= upto;
+        // The batch holding `from` may start before it.
+        let start = match tree
+            .range(keys::history(twin, 0)..=keys::history(twin, from))
+            .next_back()
+        {
+            Some(kv) => kv?.0.to_vec(),
+            None => keys::history(twin, 0),
+        };
+        let end = keys::history(twin, upto);
         Ok(tree
             .range(start..=end)
             .take_while(move |_| !empty)
-            .map(move |kv| {
+            .map(move |kv| -> Result<Vec<Event>, ReadError> {
                 let (k, _) = kv?;
-                let seq = keys::trailing_seq(&k).unwrap_or(0);
-                let key = keys::event(seq);
-                get_decoded::<Event>(tree, &key)?
-                    .ok_or_else(|| damaged(&key, codec::CodecError::Empty))
+                let first = keys::trailing_seq(&k).unwrap_or(0);
+                let key = keys::event(first);
+                let b = get_decoded::<EventBatch>(tree, &key)?
+                    .ok_or_else(|| damaged(&key, codec::CodecError::Empty))?;
+                Ok(b.events_from(first, from)
+                    .take_while(|e| e.seq <= upto)
+                    .collect())
+            })
+            .flat_map(|r| match r {
+                Ok(events) => events.into_iter().map(Ok).collect::<Vec<_>>(),
+                Err(e) => vec![Err(e)],
             }))
     }
 
@@ -225,13 +243,23 @@ impl Store {
         if after == u64::MAX {
             return Ok(Vec::new());
         }
-        tree.range(keys::event(after + 1)..=keys::event(u64::MAX))
-            .take(limit)
-            .map(|kv| {
-                let (k, v) = kv?;
-                codec::decode(&v).map_err(|e| damaged(&k, e))
-            })
-            .collect()
+        let from = after + 1;
+        // The batch holding `from` may start before it.
+        let start = match tree.range(keys::event(0)..=keys::event(from)).next_back() {
+            Some(kv) => kv?.0.to_vec(),
+            None => keys::event(from).to_vec(),
+        };
+        let mut out = Vec::with_capacity(limit.min(1024));
+        for kv in tree.range(start..=keys::event(u64::MAX).to_vec()) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv?;
+            let first = keys::seq_of_event_key(&k).unwrap_or(0);
+            let b: EventBatch = codec::decode(&v).map_err(|e| damaged(&k, e))?;
+            out.extend(b.events_from(first, from).take(limit - out.len()));
+        }
+        Ok(out)
     }
 
     /// Every partition's fence, head and owner.

@@ -100,11 +100,11 @@ impl Store {
         ) {
             (Some(n), Some(f)) => {
                 let found = f.first().copied().unwrap_or(0);
-                if found != codec::FORMAT_VERSION {
+                if found != crate::keys::LAYOUT_VERSION {
                     return Err(OpenError::Format {
                         path: shown,
                         found,
-                        supported: codec::FORMAT_VERSION,
+                        supported: crate::keys::LAYOUT_VERSION,
                     });
                 }
                 let stored = <[u8; 4]>::try_from(n.as_ref())
@@ -126,7 +126,7 @@ impl Store {
             _ => {
                 let n = config.partitions.unwrap_or(DEFAULT_PARTITIONS);
                 let mut b = sled::Batch::default();
-                b.insert(FORMAT_KEY, &[codec::FORMAT_VERSION][..]);
+                b.insert(FORMAT_KEY, &[crate::keys::LAYOUT_VERSION][..]);
                 b.insert(PARTITIONS_KEY, &n.to_be_bytes()[..]);
                 meta.apply_batch(b).map_err(sled_err)?;
                 meta.flush().map_err(sled_err)?;

@@ -8,12 +8,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use palisade_core::{codec, Clock, Event, FencingToken, NewEvent, PartitionId, Scope, TwinId};
+use palisade_core::{codec, Clock, FencingToken, NewEvent, PartitionId, Scope, TwinId};
 use palisade_core::{MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
 use palisade_twin::TwinState;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, error};
 
+use crate::batch::{BatchEvent, Batches, DedupeWindow};
 use crate::error::{AppendError, OpenError};
 use crate::ingest::{
     is_drop, now_ms, DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog,
@@ -57,6 +58,7 @@ pub(crate) struct AppendCmd {
 }
 
 pub(crate) type IngestReply = oneshot::Sender<Result<IngestOutcome, AppendError>>;
+pub(crate) type IngestBatchReply = oneshot::Sender<Result<Vec<IngestOutcome>, AppendError>>;
 
 pub(crate) enum Command {
     Append(AppendCmd),
@@ -75,6 +77,12 @@ pub(crate) enum Command {
         offset: u64,
         record: IngestRecord,
         reply: IngestReply,
+    },
+    /// Source records of this partition in offset order, each handled as
+    /// `Ingest` is, in one group commit, with one reply for all.
+    IngestBatch {
+        records: Vec<(u64, IngestRecord)>,
+        reply: IngestBatchReply,
     },
     /// Finish everything queued before, then stop.
     Stop,
@@ -95,6 +103,9 @@ pub(crate) struct Writer {
     meta: PartitionMeta,
     grants: HashMap<u64, TokenGrant>,
     cache: HashMap<TwinId, TwinRecord>,
+    /// Ids of the partition's recent events (layout 2 keeps no durable
+    /// dedupe keys): a retry within the window gets its first seq back.
+    dedupe: DedupeWindow,
     /// The last source (Kafka) offset applied, stored with the events.
     source_offset: Option<u64>,
     /// Dead letters stored in this partition (bounded).
@@ -109,9 +120,15 @@ pub(crate) struct Writer {
 #[derive(Default)]
 struct Pending {
     batch: sled::Batch,
+    /// The staged events, grouped into event batches.
+    events: Batches,
     dirty: HashMap<TwinId, TwinRecord>,
+    /// Ids staged in this commit; they join the dedupe window once durable.
     dedupe: HashMap<Vec<u8>, u64>,
     grants_added: Vec<u64>,
+    /// A source record of this commit failed (not applied, offset not
+    /// stored): later records must not be applied past it.
+    ingest_failed: Option<AppendError>,
 }
 
 enum Reply {
@@ -121,6 +138,7 @@ enum Reply {
     ),
     Grant(oneshot::Sender<Result<(), String>>),
     Ingest(IngestReply, Result<IngestOutcome, AppendError>),
+    IngestBatch(IngestBatchReply, Result<Vec<IngestOutcome>, AppendError>),
 }
 
 impl Writer {
@@ -164,6 +182,7 @@ impl Writer {
             None => None,
         };
         let dead_letters = tree.scan_prefix([keys::DEAD_LETTER]).count() as u64;
+        let dedupe = DedupeWindow::load(&tree)?;
         let (head, head_rx) = watch::channel(meta.head);
         let writer = Self {
             partition,
@@ -171,6 +190,7 @@ impl Writer {
             meta,
             grants,
             cache: HashMap::new(),
+            dedupe,
             source_offset,
             dead_letters,
             head,
@@ -230,6 +250,24 @@ impl Writer {
                     let r = self.ingest(offset, record, &mut pending);
                     replies.push(Reply::Ingest(reply, r));
                 }
+                Command::IngestBatch { records, reply } => {
+                    let mut outcomes = Vec::with_capacity(records.len());
+                    let mut failed = None;
+                    for (offset, record) in records {
+                        match self.ingest(offset, record, &mut pending) {
+                            Ok(o) => outcomes.push(o),
+                            // Not applied and its offset not stored: the
+                            // records after it must not be applied either,
+                            // or the stored offset would pass over it.
+                            Err(e) => {
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    let r = failed.map_or(Ok(outcomes), Err);
+                    replies.push(Reply::IngestBatch(reply, r));
+                }
                 Command::Grant {
                     token,
                     scope,
@@ -246,10 +284,13 @@ impl Writer {
         }
         let Pending {
             mut batch,
+            events,
             dirty,
+            dedupe,
             grants_added,
             ..
         } = pending;
+        events.write_into(&mut batch);
         for (twin, rec) in &dirty {
             batch.insert(keys::twin(twin), codec::encode(rec));
         }
@@ -278,6 +319,12 @@ impl Writer {
                     self.cache.clear();
                 }
                 self.cache.extend(dirty);
+                // In seq order, so the window's generations cut at a seq.
+                let mut ids: Vec<_> = dedupe.into_iter().collect();
+                ids.sort_unstable_by_key(|(_, seq)| *seq);
+                for (key, seq) in ids {
+                    self.dedupe.insert(key, seq);
+                }
                 for r in replies {
                     match r {
                         Reply::Append(tx, res) => {
@@ -297,6 +344,9 @@ impl Writer {
                             let _ = tx.send(Ok(()));
                         }
                         Reply::Ingest(tx, res) => {
+                            let _ = tx.send(res);
+                        }
+                        Reply::IngestBatch(tx, res) => {
                             let _ = tx.send(res);
                         }
                     }
@@ -325,6 +375,9 @@ impl Writer {
                             let _ = tx.send(Err(msg.clone()));
                         }
                         Reply::Ingest(tx, _) => {
+                            let _ = tx.send(Err(AppendError::Storage(msg.clone())));
+                        }
+                        Reply::IngestBatch(tx, _) => {
                             let _ = tx.send(Err(AppendError::Storage(msg.clone())));
                         }
                     }
@@ -434,6 +487,22 @@ impl Writer {
         record: IngestRecord,
         pending: &mut Pending,
     ) -> Result<IngestOutcome, AppendError> {
+        if let Some(e) = &pending.ingest_failed {
+            return Err(e.clone());
+        }
+        let r = self.ingest_one(offset, record, pending);
+        if let Err(e) = &r {
+            pending.ingest_failed = Some(e.clone());
+        }
+        r
+    }
+
+    fn ingest_one(
+        &mut self,
+        offset: u64,
+        record: IngestRecord,
+        pending: &mut Pending,
+    ) -> Result<IngestOutcome, AppendError> {
         if self.source_offset.is_some_and(|o| offset <= o) {
             return Ok(IngestOutcome::AlreadyApplied);
         }
@@ -503,14 +572,9 @@ impl Writer {
     }
 
     /// Every check of an append after the token's scope: fences, If-Match,
-    /// event fields, patches, HLC drift, and the stored ids for dedupe.
-    /// Returns each event's dedupe key and the seq stored under it, if any.
-    fn check_append(
-        &self,
-        cmd: &AppendReq,
-        rec: &TwinRecord,
-        pending: &Pending,
-    ) -> Result<Vec<StoredId>, AppendError> {
+    /// event fields, patches, HLC drift. Dedupe needs no read (the window is
+    /// in memory), so nothing after these checks can fail.
+    fn check_append(&self, cmd: &AppendReq, rec: &TwinRecord) -> Result<(), AppendError> {
         let fence = rec.fence.max(self.meta.fence);
         if cmd.token.0 < fence {
             return Err(AppendError::Stale {
@@ -544,23 +608,7 @@ impl Writer {
                 self.shared.clock.observe(h)?;
             }
         }
-        // Read what is already stored under each event id now, while a
-        // failed read can still refuse the request as a whole: once staging
-        // starts, an error would leave half a request in the batch.
-        let mut stored = Vec::with_capacity(cmd.events.len());
-        for e in &cmd.events {
-            let dkey = keys::dedupe(&cmd.twin, &e.event_id);
-            let on_disk = if pending.dedupe.contains_key(&dkey) {
-                None
-            } else {
-                self.tree
-                    .get(&dkey)
-                    .map_err(|e| AppendError::Storage(e.to_string()))?
-                    .and_then(|v| keys::trailing_seq(&v))
-            };
-            stored.push((dkey, on_disk));
-        }
-        Ok(stored)
+        Ok(())
     }
 
     fn try_append(
@@ -584,21 +632,23 @@ impl Writer {
         let holder = grant.holder.clone();
         let partition_scoped = matches!(grant.scope, Scope::Partition(_));
         let (mut rec, origin) = self.take_record(&cmd.twin, pending)?;
-        let stored = match self.check_append(cmd, &rec, pending) {
-            Ok(stored) => stored,
-            Err(e) => {
-                self.put_back(&cmd.twin, rec, origin, pending);
-                return Err(e);
-            }
-        };
+        if let Err(e) = self.check_append(cmd, &rec) {
+            self.put_back(&cmd.twin, rec, origin, pending);
+            return Err(e);
+        }
 
         // All checks passed: stage the events. Nothing below can fail.
         let now_ms = now_ms();
         let mut seqs = Vec::with_capacity(cmd.events.len());
         let mut duplicates = 0;
-        for (e, (dkey, on_disk)) in cmd.events.iter().zip(stored) {
-            // Earlier events of this batch (this request included) first.
-            let seen = pending.dedupe.get(&dkey).copied().or(on_disk);
+        for e in &cmd.events {
+            let dkey = keys::dedupe(&cmd.twin, &e.event_id);
+            // Earlier events of this commit (this request included) first.
+            let seen = pending
+                .dedupe
+                .get(&dkey)
+                .copied()
+                .or_else(|| self.dedupe.get(&dkey));
             if let Some(seq) = seen {
                 seqs.push(seq);
                 duplicates += 1;
@@ -612,22 +662,16 @@ impl Writer {
             if let Err(err) = rec.state.apply(&e.patch, hlc) {
                 error!(%err, "patch passed validation but failed to apply");
             }
-            let event = Event {
-                seq,
-                twin_id: cmd.twin.clone(),
+            let event = BatchEvent {
                 event_id: e.event_id.clone(),
                 event_type: e.event_type.clone(),
-                patch: serde_json::Value::Object(e.patch.clone()).to_string(),
+                // A map serializes exactly as the `Value::Object` holding it.
+                patch: serde_json::to_string(&e.patch).unwrap_or_default(),
                 hlc,
-                writer: holder.clone(),
-                token: t,
-                appended_at_ms: now_ms,
             };
             pending
-                .batch
-                .insert(&keys::event(seq)[..], codec::encode(&event));
-            pending.batch.insert(keys::history(&cmd.twin, seq), &[][..]);
-            pending.batch.insert(dkey.clone(), &seq.to_be_bytes()[..]);
+                .events
+                .push(seq, &cmd.twin, &holder, t, now_ms, event);
             pending.dedupe.insert(dkey, seq);
             rec.version = seq;
             rec.events += 1;
@@ -657,9 +701,6 @@ impl Writer {
         Ok(out)
     }
 }
-
-/// An event's dedupe key and the seq already stored under it, if any.
-type StoredId = (Vec<u8>, Option<u64>);
 
 /// Where [`Writer::take_record`] found a twin record.
 enum Origin {
