@@ -140,6 +140,120 @@ impl ServeSecurity {
     }
 }
 
+/// The Kafka path with authentication on: a record is applied only if it
+/// is signed by a known principal (`palisade_kafka::sign`), that principal
+/// may `write` the twin (or its partition), and the record's fencing token
+/// was granted to it. Anything else is dead-lettered and audited.
+#[derive(Debug)]
+pub struct KafkaAuth {
+    auth: Arc<palisade_http::auth::Auth>,
+    store: Arc<Store>,
+}
+
+impl KafkaAuth {
+    pub fn new(auth: Arc<palisade_http::auth::Auth>, store: Arc<Store>) -> Self {
+        Self { auth, store }
+    }
+
+    fn refuse(
+        &self,
+        principal: &str,
+        decoded: &palisade_kafka::Decoded,
+        outcome: palisade_log::AuditOutcome,
+        reason: &'static str,
+        detail: String,
+    ) -> palisade_kafka::Refusal {
+        self.store.audit().record(palisade_log::AuditRecord {
+            seq: 0,
+            at_ms: 0,
+            action: palisade_log::AuditAction::Write,
+            outcome,
+            principal: principal.to_owned(),
+            scope: format!("twin/{}", decoded.twin.as_str()),
+            token: decoded.token.0,
+            lease_id: 0,
+            detail: format!("kafka {reason}"),
+        });
+        palisade_kafka::Refusal { reason, detail }
+    }
+}
+
+impl palisade_kafka::RecordAuth for KafkaAuth {
+    fn check(
+        &self,
+        raw: &palisade_kafka::RawRecord<'_>,
+        decoded: &palisade_kafka::Decoded,
+    ) -> Result<(), palisade_kafka::Refusal> {
+        use palisade_http::auth::Action;
+        use palisade_kafka::sign;
+        use palisade_log::AuditOutcome as O;
+        let claimed = sign::claimed_principal(raw)
+            .map_err(|r| self.refuse("", decoded, O::Unauthenticated, r.reason, r.detail))?;
+        let Some(id) = self.auth.identity(claimed) else {
+            return Err(self.refuse(
+                "",
+                decoded,
+                O::Unauthenticated,
+                "unauthenticated",
+                format!("no principal named {claimed:?}"),
+            ));
+        };
+        sign::verify(raw, claimed, &id.key_sha256())
+            .map_err(|r| self.refuse("", decoded, O::Unauthenticated, r.reason, r.detail))?;
+        let twin_scope = format!("twin/{}", decoded.twin.as_str());
+        let p = self.store.partition_of(&decoded.twin);
+        if !id.allows(Action::Write, &twin_scope)
+            && !id.allows(Action::Write, &format!("partition/{}", p.0))
+        {
+            return Err(self.refuse(
+                claimed,
+                decoded,
+                O::Forbidden,
+                "forbidden",
+                format!("principal {claimed:?} may not write on {twin_scope}"),
+            ));
+        }
+        match self.store.audit().token_owner(decoded.token) {
+            Ok(Some(owner)) if owner == claimed => Ok(()),
+            Ok(_) => Err(self.refuse(
+                claimed,
+                decoded,
+                O::Forbidden,
+                "token_not_yours",
+                format!(
+                    "fencing token {} was not granted to {claimed:?}",
+                    decoded.token.0
+                ),
+            )),
+            Err(e) => Err(self.refuse(
+                claimed,
+                decoded,
+                O::Refused,
+                "storage",
+                format!("token owners could not be read: {e}"),
+            )),
+        }
+    }
+}
+
+impl ServeSecurity {
+    /// The Kafka ingester's settings with this security: with
+    /// authentication on, records must be signed (see [`KafkaAuth`]).
+    pub fn kafka(
+        &self,
+        mut cfg: palisade_kafka::IngestConfig,
+        store: &Arc<Store>,
+    ) -> palisade_kafka::IngestConfig {
+        if let Some(auth) = &self.http.auth {
+            cfg.auth = Some(Arc::new(KafkaAuth {
+                auth: auth.clone(),
+                store: store.clone(),
+            }));
+        }
+        cfg
+    }
+}
+
 /// `palisade auth ...`: API keys for the security file.
 #[derive(Debug, Subcommand)]
 pub enum AuthCommand {

@@ -19,6 +19,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Security file, TLS and the bind policy (src/security.rs): checked
     // before anything is created, so a refused start changes nothing.
     let security = crate::security::prepare(&config)?;
+    // Security file, TLS and the bind policy (src/security.rs): checked
+    // before anything is created, so a refused start changes nothing.
+    let security = crate::security::prepare(&config)?;
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     let store = Arc::new(Store::open(&config.data, config.store_config())?);
@@ -45,6 +48,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let ingester = config.ingest_config().map(|cfg| {
+        let cfg = security.kafka(cfg, &store);
         info!(brokers = %cfg.brokers, topic = %cfg.topic, group = %cfg.group, "kafka ingestion on");
         let (store, stop_tx) = (store.clone(), stop_tx.clone());
         let stop = stopped(stop_rx.clone());

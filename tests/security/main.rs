@@ -26,6 +26,9 @@ mod limits;
 #[path = "05_audit.rs"]
 mod audit;
 
+#[path = "06_kafka.rs"]
+mod kafka;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -123,6 +126,7 @@ pub struct Secure {
     pub store: Arc<Store>,
     pub keys: BTreeMap<String, String>,
     pub http: reqwest::Client,
+    pub security: Security,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
@@ -162,6 +166,7 @@ async fn serve(keys: BTreeMap<String, String>, http: HttpConfig) -> Secure {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("https://{}", listener.local_addr().unwrap());
     let (tx, rx) = oneshot::channel::<()>();
+    let security = http.security.clone();
     let task = tokio::spawn(palisade::http::run_tls(
         listener,
         acceptor,
@@ -177,6 +182,7 @@ async fn serve(keys: BTreeMap<String, String>, http: HttpConfig) -> Secure {
         store,
         keys,
         http: https_client(&cert.cert_pem),
+        security,
         stop: Some(tx),
         task: Some(task),
     }
@@ -203,6 +209,11 @@ pub struct Resp {
 impl Secure {
     pub fn key(&self, principal: &str) -> &str {
         &self.keys[principal]
+    }
+
+    /// The principals this server checks keys against.
+    pub fn http_security_auth(&self) -> Arc<palisade::http::auth::Auth> {
+        self.security.auth.clone().expect("authentication is on")
     }
 
     /// Send a request as `who` (a principal name, `None` for no key, or

@@ -95,6 +95,12 @@ impl Identity {
         &self.name
     }
 
+    /// The SHA-256 of the principal's API key: also its Kafka record
+    /// signing key (`palisade_kafka::sign`).
+    pub fn key_sha256(&self) -> [u8; 32] {
+        self.key_hash
+    }
+
     /// Whether a grant allows `action` on the concrete scope `scope`.
     pub fn allows(&self, action: Action, scope: &str) -> bool {
         self.grants.iter().any(|(actions, patterns)| {
@@ -193,6 +199,11 @@ impl Auth {
             }
         }
         found
+    }
+
+    /// The principal named `name`.
+    pub fn identity(&self, name: &str) -> Option<&Identity> {
+        self.principals.iter().find(|p| p.name == name)
     }
 
     pub fn principals(&self) -> impl Iterator<Item = &Identity> {

@@ -35,6 +35,10 @@ pub struct IngestConfig {
     pub client_settings: Vec<(String, String)>,
     /// How long to wait for the topic to appear before giving up.
     pub topic_wait: Duration,
+    /// With authentication on: who may write what (`sign.rs`); a record it
+    /// refuses is dead-lettered. `None`: every well-formed record is fenced
+    /// and applied as before.
+    pub auth: Option<std::sync::Arc<dyn crate::RecordAuth>>,
 }
 
 impl IngestConfig {
@@ -47,6 +51,7 @@ impl IngestConfig {
             max_value_bytes: 1 << 20,
             client_settings: Vec::new(),
             topic_wait: Duration::from_secs(60),
+            auth: None,
         }
     }
 }
@@ -231,7 +236,11 @@ impl Ingester {
                     () = tx.closed() => return Ok(()),
                 };
                 let (partition, offset) = (msg.partition(), msg.offset());
-                let record = to_record(&msg, store.partitions(), cfg.max_value_bytes);
+                let record = crate::sign::check_record(
+                    to_record(&msg, store.partitions(), cfg.max_value_bytes),
+                    &msg,
+                    cfg,
+                );
                 let (forward, copy) = match (&record, &dlq) {
                     (IngestRecord::Dead(dl), Some(_)) => {
                         (Some((DeadCopy::of(&msg), dl.reason.clone())), None)

@@ -15,6 +15,7 @@
 pub mod decode;
 mod ingester;
 mod publisher;
+pub mod sign;
 
 /// Types generated from `proto/palisade/v1/event.proto`.
 #[allow(clippy::all, missing_debug_implementations)]
@@ -25,3 +26,4 @@ pub mod proto {
 pub use decode::{decode, Decoded, RawRecord, Refusal};
 pub use ingester::{IngestConfig, Ingester, KafkaIngestError};
 pub use publisher::{PublishError, Publisher};
+pub use sign::RecordAuth;

@@ -25,6 +25,9 @@ pub struct Publisher {
     topic: String,
     partitions: Option<u32>,
     clock: Clock,
+    /// Principal name and signing key: set, each record carries the
+    /// `palisade-principal` and `palisade-signature` headers (`sign.rs`).
+    signer: Option<(String, [u8; 32])>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -55,7 +58,16 @@ impl Publisher {
             topic: topic.to_owned(),
             partitions: None,
             clock: Clock::new(Duration::from_secs(3600)),
+            signer: None,
         })
+    }
+
+    /// Sign every record as `principal` with its API key, for a store with
+    /// authentication on (see docs/security.md, "Kafka").
+    #[must_use]
+    pub fn with_signing(mut self, principal: &str, api_key: &str) -> Self {
+        self.signer = Some((principal.to_owned(), crate::sign::signing_key(api_key)));
+        self
     }
 
     /// Pin the partition explicitly (computed with murmur2 over `partitions`)
@@ -109,6 +121,29 @@ impl Publisher {
                 key: CONTENT_TYPE_HEADER,
                 value: Some(content_type.as_bytes()),
             });
+        let headers = match &self.signer {
+            None => headers,
+            Some((principal, key)) => {
+                let sig = crate::sign::sign(
+                    key,
+                    principal,
+                    twin.as_str().as_bytes(),
+                    token.as_bytes(),
+                    content_type.as_bytes(),
+                    hlc.as_bytes(),
+                    value,
+                );
+                headers
+                    .insert(Header {
+                        key: crate::sign::PRINCIPAL_HEADER,
+                        value: Some(principal.as_bytes()),
+                    })
+                    .insert(Header {
+                        key: crate::sign::SIGNATURE_HEADER,
+                        value: Some(sig.as_bytes()),
+                    })
+            }
+        };
         let mut rec = FutureRecord::to(&self.topic)
             .key(twin.as_str())
             .payload(value)

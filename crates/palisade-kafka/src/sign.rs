@@ -1,0 +1,252 @@
+//! Who wrote a Kafka record, when authentication is on.
+//!
+//! Kafka does not tell a consumer which authenticated client produced a
+//! record (the broker's SASL/mTLS identity stays on the broker), so the
+//! principal travels in the record: header `palisade-principal` (its name)
+//! and header `palisade-signature`, the hex HMAC-SHA256 of the record's
+//! [`signed_bytes`] under the principal's signing key, which is the SHA-256
+//! of its API key ([`signing_key`]; the same value the security file
+//! stores). The ingester's [`RecordAuth`] checks the signature, the
+//! principal's `write` grant and that the fencing token was granted to that
+//! principal; a record that fails is dead-lettered, never applied.
+//!
+//! What this proves and what it does not is in `docs/security.md` ("Kafka").
+
+use std::fmt;
+
+use hmac::{Hmac, KeyInit, Mac};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use sha2::{Digest, Sha256};
+
+use crate::decode::{Decoded, RawRecord, Refusal, CONTENT_TYPE_HEADER, HLC_HEADER, TOKEN_HEADER};
+use crate::IngestConfig;
+use palisade_log::{DeadLetter, IngestRecord};
+
+/// Header naming the principal that signed the record.
+pub const PRINCIPAL_HEADER: &str = "palisade-principal";
+/// Header with the hex HMAC-SHA256 of [`signed_bytes`].
+pub const SIGNATURE_HEADER: &str = "palisade-signature";
+/// Domain separation: a signature over anything else never verifies here.
+const CONTEXT: &[u8] = b"palisade-kafka-record-v1";
+
+/// Checks that a decoded record may be applied (set in
+/// [`IngestConfig::auth`] when authentication is on).
+pub trait RecordAuth: Send + Sync + fmt::Debug {
+    /// `Err` dead-letters the record with the refusal's reason.
+    fn check(&self, raw: &RawRecord<'_>, decoded: &Decoded) -> Result<(), Refusal>;
+}
+
+/// The signing key of the principal whose API key is `api_key`.
+pub fn signing_key(api_key: &str) -> [u8; 32] {
+    let mut k = [0u8; 32];
+    k.copy_from_slice(Sha256::digest(api_key.as_bytes()).as_slice());
+    k
+}
+
+fn header<'a>(raw: &RawRecord<'a>, name: &str) -> Option<&'a [u8]> {
+    raw.headers
+        .iter()
+        .rev()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .and_then(|(_, v)| *v)
+}
+
+/// What is signed: a context string, then the principal, the key (twin
+/// id), the `fencing-token`, `content-type` and `hlc` headers and the value,
+/// each as a big-endian u32 length and its bytes (absent = empty). The
+/// partition and offset are not signed: the producer does not choose them.
+pub fn signed_bytes(
+    principal: &[u8],
+    key: &[u8],
+    token: &[u8],
+    content_type: &[u8],
+    hlc: &[u8],
+    value: &[u8],
+) -> Vec<u8> {
+    let parts = [CONTEXT, principal, key, token, content_type, hlc, value];
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len() + 4).sum());
+    for p in parts {
+        out.extend_from_slice(&u32::try_from(p.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+fn mac(key: &[u8; 32]) -> Hmac<Sha256> {
+    // HMAC takes keys of any length.
+    <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!())
+}
+
+/// The signature header's value for these record parts.
+pub fn sign(
+    key: &[u8; 32],
+    principal: &str,
+    twin: &[u8],
+    token: &[u8],
+    content_type: &[u8],
+    hlc: &[u8],
+    value: &[u8],
+) -> String {
+    let mut m = mac(key);
+    m.update(&signed_bytes(principal.as_bytes(), twin, token, content_type, hlc, value));
+    m.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn refuse(reason: &'static str, detail: impl Into<String>) -> Refusal {
+    Refusal {
+        reason,
+        detail: detail.into(),
+    }
+}
+
+/// The principal a record claims, unverified (`unauthenticated` if none).
+pub fn claimed_principal<'a>(raw: &RawRecord<'a>) -> Result<&'a str, Refusal> {
+    let p = header(raw, PRINCIPAL_HEADER).ok_or_else(|| {
+        refuse(
+            "unauthenticated",
+            "authentication is on: the record needs palisade-principal and palisade-signature headers",
+        )
+    })?;
+    std::str::from_utf8(p).map_err(|_| refuse("unauthenticated", "palisade-principal is not UTF-8"))
+}
+
+/// Check the record's signature under `key` (constant-time comparison).
+pub fn verify(raw: &RawRecord<'_>, principal: &str, key: &[u8; 32]) -> Result<(), Refusal> {
+    let sig = header(raw, SIGNATURE_HEADER)
+        .ok_or_else(|| refuse("unauthenticated", "the record has no palisade-signature header"))?;
+    let sig = std::str::from_utf8(sig)
+        .ok()
+        .filter(|s| s.len() == 64)
+        .and_then(|s| {
+            (0..32)
+                .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()
+        })
+        .ok_or_else(|| refuse("unauthenticated", "palisade-signature must be 64 hex characters"))?;
+    let mut m = mac(key);
+    m.update(&signed_bytes(
+        principal.as_bytes(),
+        raw.key.unwrap_or_default(),
+        header(raw, TOKEN_HEADER).unwrap_or_default(),
+        header(raw, CONTENT_TYPE_HEADER).unwrap_or_default(),
+        header(raw, HLC_HEADER).unwrap_or_default(),
+        raw.value.unwrap_or_default(),
+    ));
+    m.verify_slice(&sig).map_err(|_| {
+        refuse(
+            "unauthenticated",
+            format!("the signature does not match the record for principal {principal:?}"),
+        )
+    })
+}
+
+/// Apply `cfg.auth` to a record `to_record` turned into an append: a
+/// refused one becomes a dead letter instead.
+pub(crate) fn check_record(
+    record: IngestRecord,
+    msg: &BorrowedMessage<'_>,
+    cfg: &IngestConfig,
+) -> IngestRecord {
+    let Some(auth) = &cfg.auth else {
+        return record;
+    };
+    let IngestRecord::Append { twin, token, events } = record else {
+        return record;
+    };
+    let headers: Vec<(&str, Option<&[u8]>)> = msg
+        .headers()
+        .map(|h| (0..h.count()).map(|i| h.get(i)).map(|h| (h.key, h.value)).collect())
+        .unwrap_or_default();
+    let raw = RawRecord {
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key(),
+        value: msg.payload(),
+        headers: &headers,
+    };
+    let decoded = Decoded { twin, token, events };
+    match auth.check(&raw, &decoded) {
+        Ok(()) => IngestRecord::Append {
+            twin: decoded.twin,
+            token: decoded.token,
+            events: decoded.events,
+        },
+        Err(refusal) => IngestRecord::Dead(DeadLetter {
+            partition: u32::try_from(msg.partition()).unwrap_or(0),
+            offset: u64::try_from(msg.offset()).unwrap_or(0),
+            key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            reason: refusal.reason.to_owned(),
+            detail: refusal.detail,
+            headers: headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        (*k).to_owned(),
+                        v.map(|v| String::from_utf8_lossy(v).into_owned())
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect(),
+            value: msg
+                .payload()
+                .map(|v| v[..v.len().min(palisade_log::DEAD_LETTER_VALUE_BYTES)].to_vec())
+                .unwrap_or_default(),
+            value_len: msg.payload().map_or(0, |v| v.len() as u64),
+            at_ms: 0,
+        }),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn raw<'a>(headers: &'a [(&'a str, Option<&'a [u8]>)], value: &'a [u8]) -> RawRecord<'a> {
+        RawRecord {
+            partition: 0,
+            offset: 0,
+            key: Some(b"pump-7"),
+            value: Some(value),
+            headers,
+        }
+    }
+
+    #[test]
+    fn a_signed_record_verifies_and_any_change_breaks_it() {
+        let key = signing_key("psk_secret");
+        let sig = sign(&key, "worker-a", b"pump-7", b"12", b"application/json", b"", b"{}");
+        let h = |p: &'static str, s: &str, t: &'static [u8]| -> Vec<(&'static str, Option<Vec<u8>>)> {
+            vec![
+                (TOKEN_HEADER, Some(t.to_vec())),
+                (CONTENT_TYPE_HEADER, Some(b"application/json".to_vec())),
+                (PRINCIPAL_HEADER, Some(p.as_bytes().to_vec())),
+                (SIGNATURE_HEADER, Some(s.as_bytes().to_vec())),
+            ]
+        };
+        let check = |hs: &[(&str, Option<Vec<u8>>)], value: &[u8], principal: &str, key: &[u8; 32]| {
+            let hs: Vec<(&str, Option<&[u8]>)> = hs.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+            verify(&raw(&hs, value), principal, key)
+        };
+        assert!(check(&h("worker-a", &sig, b"12"), b"{}", "worker-a", &key).is_ok());
+        // Another token, value, principal or key: refused.
+        assert!(check(&h("worker-a", &sig, b"13"), b"{}", "worker-a", &key).is_err());
+        assert!(check(&h("worker-a", &sig, b"12"), b"{ }", "worker-a", &key).is_err());
+        assert!(check(&h("worker-b", &sig, b"12"), b"{}", "worker-b", &key).is_err());
+        assert!(check(&h("worker-a", &sig, b"12"), b"{}", "worker-a", &signing_key("other")).is_err());
+        let e = check(&h("worker-a", "zz", b"12"), b"{}", "worker-a", &key).unwrap_err();
+        assert_eq!(e.reason, "unauthenticated");
+    }
+
+    #[test]
+    fn fields_cannot_slide_into_each_other() {
+        assert_ne!(
+            signed_bytes(b"ab", b"c", b"", b"", b"", b""),
+            signed_bytes(b"a", b"bc", b"", b"", b"", b"")
+        );
+    }
+}
