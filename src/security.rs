@@ -36,8 +36,7 @@ pub fn load_file(path: &Path) -> anyhow::Result<Security> {
             e.to_string().trim_end()
         )
     })?;
-    Security::from_file(&f)
-        .map_err(|e| anyhow::anyhow!("security file {}: {e}", path.display()))
+    Security::from_file(&f).map_err(|e| anyhow::anyhow!("security file {}: {e}", path.display()))
 }
 
 /// Load the settings and apply the bind policy. Runs before the store is
@@ -117,7 +116,11 @@ impl ServeSecurity {
                  See docs/security.md to serve a network."
             );
         } else {
-            let n = self.http.auth.as_ref().map_or(0, |a| a.principals().count());
+            let n = self
+                .http
+                .auth
+                .as_ref()
+                .map_or(0, |a| a.principals().count());
             tracing::info!(%addr, principals = n, tls = self.tls.is_some(), "authentication on");
         }
     }
@@ -307,4 +310,23 @@ pub fn auth_command(cmd: AuthCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_security_file_parses_and_turns_authentication_on() {
+        let f: SecurityFile =
+            toml::from_str(include_str!("../palisade.security.example.toml")).unwrap();
+        let s = Security::from_file(&f).unwrap();
+        let auth = s.auth.unwrap();
+        assert_eq!(auth.principals().count(), 2);
+        let ops = auth.identity("ops").unwrap();
+        assert!(ops.allows(palisade_http::auth::Action::Admin, "admin/audit"));
+        assert!(ops.allows(palisade_http::auth::Action::Read, "twin/x"));
+        assert!(!ops.allows(palisade_http::auth::Action::Write, "twin/x"));
+    }
 }

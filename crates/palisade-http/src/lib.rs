@@ -25,8 +25,8 @@ use palisade_log::Store;
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
-pub use security::{Limits, Security, SecurityFile, ANONYMOUS};
 pub use routes::router;
+pub use security::{Limits, Security, SecurityFile, ANONYMOUS};
 pub use wire::{EventOut, LeaseOut};
 
 /// Limits of the HTTP layer.

@@ -28,7 +28,13 @@ use crate::wire;
             Every error is JSON: `{\"error\": \"<stable name>\", \"message\": \"<for people>\", \
             ...details}`. Besides the statuses listed per operation, the router answers an \
             unknown path with `404 no_such_route` and a known path with an unsupported method \
-            with `405 method_not_allowed` (and an `Allow` header)."
+            with `405 method_not_allowed` (and an `Allow` header).\n\n\
+            Authentication is off by default. With principals configured (docs/security.md), \
+            every operation except `/`, `/healthz` and `/v1/openapi.json` also answers \
+            `401 unauthenticated` without a valid `Authorization: Bearer <api key>`, \
+            `403 forbidden` when the principal's roles do not grant the action on the scope, \
+            `403 lease_not_yours` / `403 token_not_yours` for another principal's lease or token, \
+            and `429 rate_limited` (with `Retry-After`) past the principal's request rate."
     ),
     paths(
         crate::routes::operator_page,

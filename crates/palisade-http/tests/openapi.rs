@@ -46,6 +46,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ),
     ("get", "/v1/rejections", "/v1/rejections"),
     ("get", "/v1/dead-letters", "/v1/dead-letters"),
+    ("get", "/v1/audit", "/v1/audit"),
 ];
 
 struct Served {
