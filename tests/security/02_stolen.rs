@@ -38,17 +38,34 @@ async fn a_stolen_lease_id_or_token_is_refused_and_changes_nothing() {
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.body["holder"], "worker-a");
 
-    assert_eq!(s.put("worker-a", "device-7", ta, json!({"v": 1})).await.status, 201);
+    assert_eq!(
+        s.put("worker-a", "device-7", ta, json!({"v": 1}))
+            .await
+            .status,
+        201
+    );
     let before = s.snapshot(&["device-7"]).await;
 
     // worker-b has lease and write rights on twin/device-* too, and knows
     // worker-a's lease id and current token.
     let r = s
-        .call(Some("worker-b"), Method::POST, &format!("/v1/leases/{id}/renew"), Some(&json!({})), &[])
+        .call(
+            Some("worker-b"),
+            Method::POST,
+            &format!("/v1/leases/{id}/renew"),
+            Some(&json!({})),
+            &[],
+        )
         .await;
     assert_error(&r, 403, "lease_not_yours");
     let r = s
-        .call(Some("worker-b"), Method::DELETE, &format!("/v1/leases/{id}"), None, &[])
+        .call(
+            Some("worker-b"),
+            Method::DELETE,
+            &format!("/v1/leases/{id}"),
+            None,
+            &[],
+        )
         .await;
     assert_error(&r, 403, "lease_not_yours");
     let r = s.put("worker-b", "device-7", ta, json!({"v": 666})).await;
@@ -68,16 +85,37 @@ async fn a_stolen_lease_id_or_token_is_refused_and_changes_nothing() {
     let r = s.acquire("worker-b", "twin/device-7").await;
     assert_error(&r, 409, "lease_held");
     assert_eq!(r.body["holder"], "worker-a");
-    assert_eq!(s.snapshot(&["device-7"]).await, before, "refusals changed the store");
+    assert_eq!(
+        s.snapshot(&["device-7"]).await,
+        before,
+        "refusals changed the store"
+    );
 
     // worker-a itself still can.
     let r = s
-        .call(Some("worker-a"), Method::POST, &format!("/v1/leases/{id}/renew"), Some(&json!({})), &[])
+        .call(
+            Some("worker-a"),
+            Method::POST,
+            &format!("/v1/leases/{id}/renew"),
+            Some(&json!({})),
+            &[],
+        )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(s.put("worker-a", "device-7", ta, json!({"v": 2})).await.status, 201);
+    assert_eq!(
+        s.put("worker-a", "device-7", ta, json!({"v": 2}))
+            .await
+            .status,
+        201
+    );
     let r = s
-        .call(Some("worker-a"), Method::DELETE, &format!("/v1/leases/{id}"), None, &[])
+        .call(
+            Some("worker-a"),
+            Method::DELETE,
+            &format!("/v1/leases/{id}"),
+            None,
+            &[],
+        )
         .await;
     assert_eq!(r.status, 204, "{}", r.text);
 
@@ -85,9 +123,22 @@ async fn a_stolen_lease_id_or_token_is_refused_and_changes_nothing() {
     // and worker-a cannot use worker-b's new token either.
     let tb = token_of(&s.acquire("worker-b", "twin/device-7").await.body);
     assert!(tb > ta);
-    assert_error(&s.put("worker-a", "device-7", ta, json!({"v": 3})).await, 409, "stale_token");
-    assert_error(&s.put("worker-a", "device-7", tb, json!({"v": 3})).await, 403, "token_not_yours");
-    assert_eq!(s.put("worker-b", "device-7", tb, json!({"v": 4})).await.status, 201);
+    assert_error(
+        &s.put("worker-a", "device-7", ta, json!({"v": 3})).await,
+        409,
+        "stale_token",
+    );
+    assert_error(
+        &s.put("worker-a", "device-7", tb, json!({"v": 3})).await,
+        403,
+        "token_not_yours",
+    );
+    assert_eq!(
+        s.put("worker-b", "device-7", tb, json!({"v": 4}))
+            .await
+            .status,
+        201
+    );
     let state = s.get("reader", "/v1/twins/device-7").await.body;
     assert_eq!(state["state"]["v"], 4, "{state}");
     let writers: Vec<String> = s.get("reader", "/v1/twins/device-7/events").await.body["events"]
@@ -115,7 +166,9 @@ async fn tokens_from_before_authentication_belong_to_nobody() {
         })
         .await
         .unwrap();
-    let r = s.put("worker-a", "device-5", lease.token.0, json!({"v": 1})).await;
+    let r = s
+        .put("worker-a", "device-5", lease.token.0, json!({"v": 1}))
+        .await;
     assert_error(&r, 403, "token_not_yours");
     s.stop().await;
 }

@@ -35,7 +35,11 @@ fn refused(args: &[&str]) -> String {
         "palisade serve {args:?} started; stdout: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert!(out.stdout.is_empty(), "it printed an address: {:?}", out.stdout);
+    assert!(
+        out.stdout.is_empty(),
+        "it printed an address: {:?}",
+        out.stdout
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -46,7 +50,10 @@ fn a_non_loopback_bind_without_auth_does_not_start() {
     let d = data.to_str().unwrap();
     let err = refused(&["--data", d, "--listen", "0.0.0.0:0"]);
     assert!(err.contains("refusing to listen on 0.0.0.0:0"), "{err}");
-    assert!(err.contains("authentication is off") && err.contains("--insecure"), "{err}");
+    assert!(
+        err.contains("authentication is off") && err.contains("--insecure"),
+        "{err}"
+    );
     assert!(!data.exists(), "the refused start created the data folder");
 
     // IPv6 unspecified too.
@@ -57,16 +64,30 @@ fn a_non_loopback_bind_without_auth_does_not_start() {
     let keys = fresh_keys();
     let sec = dir.path().join("security.toml");
     std::fs::write(&sec, security_toml(&keys, "")).unwrap();
-    let err = refused(&["--data", d, "--listen", "0.0.0.0:0", "--security", sec.to_str().unwrap()]);
+    let err = refused(&[
+        "--data",
+        d,
+        "--listen",
+        "0.0.0.0:0",
+        "--security",
+        sec.to_str().unwrap(),
+    ]);
     assert!(err.contains("without TLS"), "{err}");
     assert!(!data.exists());
 
     // Half a TLS configuration, and a broken security file, are named.
     let cert = mint_cert(dir.path());
     let err = refused(&["--data", d, "--tls-cert", cert.cert.to_str().unwrap()]);
-    assert!(err.contains("--tls-cert and --tls-key go together"), "{err}");
+    assert!(
+        err.contains("--tls-cert and --tls-key go together"),
+        "{err}"
+    );
     let bad = dir.path().join("bad.toml");
-    std::fs::write(&bad, "[[principals]]\nname = \"a\"\nkey_sha256 = \"00\"\nroles = []\n").unwrap();
+    std::fs::write(
+        &bad,
+        "[[principals]]\nname = \"a\"\nkey_sha256 = \"00\"\nroles = []\n",
+    )
+    .unwrap();
     let err = refused(&["--data", d, "--security", bad.to_str().unwrap()]);
     assert!(err.contains("64 hex characters"), "{err}");
     std::fs::write(&bad, "[limits]\nmax_patch_dept = 3\n").unwrap();
@@ -89,7 +110,10 @@ fn without_auth_it_serves_loopback_and_says_so() {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    assert!(line.starts_with("palisade listening on http://127.0.0.1:"), "{line:?}");
+    assert!(
+        line.starts_with("palisade listening on http://127.0.0.1:"),
+        "{line:?}"
+    );
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut said = String::new();
     err.read_line(&mut said).unwrap();
@@ -119,7 +143,11 @@ async fn with_principals_and_tls_a_real_process_serves_https_and_checks_keys() {
             cert.key.to_str().unwrap(),
         ],
     );
-    assert!(server.base.starts_with("https://127.0.0.1:"), "{}", server.base);
+    assert!(
+        server.base.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.base
+    );
     let http = https_client(&cert.cert_pem);
     let body = json!({"scope": "twin/device-1", "holder": "x", "ttl_ms": 10_000});
     let r = http
@@ -141,7 +169,10 @@ async fn with_principals_and_tls_a_real_process_serves_https_and_checks_keys() {
     assert_eq!(v["holder"], "worker-a");
     // Plain HTTP to the HTTPS port gets no API.
     let plain = reqwest::Client::new()
-        .get(format!("{}/healthz", server.base.replace("https://", "http://")))
+        .get(format!(
+            "{}/healthz",
+            server.base.replace("https://", "http://")
+        ))
         .send()
         .await;
     assert!(plain.map_or(true, |r| !r.status().is_success()));
@@ -150,7 +181,10 @@ async fn with_principals_and_tls_a_real_process_serves_https_and_checks_keys() {
 
 #[test]
 fn mint_key_prints_a_key_and_its_hash() {
-    let out = palisade().args(["auth", "mint-key", "--json"]).output().unwrap();
+    let out = palisade()
+        .args(["auth", "mint-key", "--json"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let key = v["key"].as_str().unwrap();

@@ -36,14 +36,23 @@ async fn each_limit_refuses_with_its_error_and_changes_nothing() {
     )
     .await;
     let t = token_of(&s.acquire("worker-a", "twin/device-1").await.body);
-    assert_eq!(s.put("worker-a", "device-1", t, json!({"v": 1})).await.status, 201);
+    assert_eq!(
+        s.put("worker-a", "device-1", t, json!({"v": 1}))
+            .await
+            .status,
+        201
+    );
     let long = "device-123456789"; // 16 bytes: at the limit
     let t_long = token_of(&s.acquire("worker-b", &format!("twin/{long}")).await.body);
     let before = s.snapshot(&["device-1", long]).await;
 
     // Body size (HTTP layer): an append and a lease request.
     let big = json!({"type": "u", "patch": {"s": "x".repeat(5000)}});
-    assert_error(&s.append("worker-a", "device-1", t, &big).await, 413, "body_too_large");
+    assert_error(
+        &s.append("worker-a", "device-1", t, &big).await,
+        413,
+        "body_too_large",
+    );
     let r = s
         .call(
             Some("worker-a"),
@@ -58,23 +67,53 @@ async fn each_limit_refuses_with_its_error_and_changes_nothing() {
     // Batch size.
     let ev = |i: u32| json!({"type": "u", "patch": {"i": i}});
     let r = s
-        .append("worker-a", "device-1", t, &json!([ev(1), ev(2), ev(3), ev(4)]))
+        .append(
+            "worker-a",
+            "device-1",
+            t,
+            &json!([ev(1), ev(2), ev(3), ev(4)]),
+        )
         .await;
     assert_error(&r, 413, "batch_too_large");
 
     // Twin id length: 17 bytes, for a write, a read and a lease.
     let longer = "device-1234567890";
-    assert_error(&s.put("worker-a", longer, t, json!({"v": 1})).await, 400, "twin_id_too_long");
-    assert_error(&s.get("worker-a", &format!("/v1/twins/{longer}")).await, 400, "twin_id_too_long");
-    assert_error(&s.acquire("worker-a", &format!("twin/{longer}")).await, 400, "twin_id_too_long");
+    assert_error(
+        &s.put("worker-a", longer, t, json!({"v": 1})).await,
+        400,
+        "twin_id_too_long",
+    );
+    assert_error(
+        &s.get("worker-a", &format!("/v1/twins/{longer}")).await,
+        400,
+        "twin_id_too_long",
+    );
+    assert_error(
+        &s.acquire("worker-a", &format!("twin/{longer}")).await,
+        400,
+        "twin_id_too_long",
+    );
 
     // Patch depth: 5 levels where 4 are allowed (4 pass).
-    assert_error(&s.put("worker-a", "device-1", t, nested(5)).await, 400, "bad_patch");
+    assert_error(
+        &s.put("worker-a", "device-1", t, nested(5)).await,
+        400,
+        "bad_patch",
+    );
     // Patch size: 65+ bytes of JSON where 64 are allowed, also inside a batch.
     let fat = json!({"s": "y".repeat(60)});
-    assert_error(&s.put("worker-a", "device-1", t, fat.clone()).await, 413, "patch_too_large");
+    assert_error(
+        &s.put("worker-a", "device-1", t, fat.clone()).await,
+        413,
+        "patch_too_large",
+    );
     let r = s
-        .append("worker-a", "device-1", t, &json!([ev(9), {"type": "u", "patch": fat}]))
+        .append(
+            "worker-a",
+            "device-1",
+            t,
+            &json!([ev(9), {"type": "u", "patch": fat}]),
+        )
         .await;
     assert_error(&r, 413, "patch_too_large");
 
@@ -84,15 +123,30 @@ async fn each_limit_refuses_with_its_error_and_changes_nothing() {
     let mid = s.snapshot(&["device-1", long]).await;
     let r = s.acquire("worker-a", "twin/device-3").await;
     assert_error(&r, 429, "too_many_leases");
-    assert_eq!((r.body["held"].as_u64(), r.body["max"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(
+        (r.body["held"].as_u64(), r.body["max"].as_u64()),
+        (Some(2), Some(2))
+    );
     assert!(r.headers.get("retry-after").is_none());
-    assert_eq!(s.snapshot(&["device-1", long]).await, mid, "a refused lease changed the store");
+    assert_eq!(
+        s.snapshot(&["device-1", long]).await,
+        mid,
+        "a refused lease changed the store"
+    );
     // Another principal is not limited by worker-a's leases.
     assert_eq!(s.acquire("worker-b", "twin/device-4").await.status, 201);
 
     // Within every limit, the same requests pass.
-    assert_eq!(s.put("worker-a", "device-1", t, nested(4)).await.status, 201);
-    assert_eq!(s.put("worker-b", long, t_long, json!({"s": "y".repeat(50)})).await.status, 201);
+    assert_eq!(
+        s.put("worker-a", "device-1", t, nested(4)).await.status,
+        201
+    );
+    assert_eq!(
+        s.put("worker-b", long, t_long, json!({"s": "y".repeat(50)}))
+            .await
+            .status,
+        201
+    );
     let after = s.snapshot(&["device-1", long]).await;
     assert_ne!(after, before);
     // ... and only they were appended: 1 + 1 events on device-1.
@@ -110,8 +164,13 @@ async fn requests_per_principal_are_rate_limited_with_retry_after() {
     // One request per 1000 s after a burst of 4: no refill during the test.
     let s = start("[limits]\nrequests_per_second = 0.001\nburst = 4\n").await;
     let t = token_of(&s.acquire("worker-a", "twin/device-1").await.body); // 1
-    assert_eq!(s.put("worker-a", "device-1", t, json!({"v": 1})).await.status, 201); // 2
-    // reader has a bucket of its own (two requests in this test).
+    assert_eq!(
+        s.put("worker-a", "device-1", t, json!({"v": 1}))
+            .await
+            .status,
+        201
+    ); // 2
+       // reader has a bucket of its own (two requests in this test).
     let before = s.get("reader", "/v1/twins/device-1/events").await.body;
     assert_eq!(s.get("worker-a", "/v1/twins/device-1").await.status, 200); // 3
     assert_eq!(s.get("worker-a", "/v1/twins/device-1").await.status, 200); // 4
@@ -120,9 +179,16 @@ async fn requests_per_principal_are_rate_limited_with_retry_after() {
     let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=1000).contains(&retry), "Retry-After {retry}");
     assert_eq!(r.body["retry_after_s"], retry);
-    assert_error(&s.acquire("worker-a", "twin/device-2").await, 429, "rate_limited");
+    assert_error(
+        &s.acquire("worker-a", "twin/device-2").await,
+        429,
+        "rate_limited",
+    );
     // Other principals have their own budget; the refused write changed nothing.
-    assert_eq!(s.get("reader", "/v1/twins/device-1/events").await.body, before);
+    assert_eq!(
+        s.get("reader", "/v1/twins/device-1/events").await.body,
+        before
+    );
     assert_eq!(s.acquire("worker-b", "twin/device-2").await.status, 201);
     s.stop().await;
 }
@@ -140,7 +206,10 @@ async fn limits_apply_with_authentication_off_too() {
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.text);
-    assert_eq!(r.body["holder"], "w", "with auth off the holder comes from the body");
+    assert_eq!(
+        r.body["holder"], "w",
+        "with auth off the holder comes from the body"
+    );
     let t = token_of(&r.body);
     let put = |patch: Value| {
         let t = t.to_string();
@@ -159,7 +228,11 @@ async fn limits_apply_with_authentication_off_too() {
     assert_eq!(put(json!({"v": 1})).await.status, 201);
     let before = s.snapshot(&["device-1"]).await;
     assert_error(&put(nested(5)).await, 400, "bad_patch");
-    assert_error(&put(json!({"s": "z".repeat(80)})).await, 413, "patch_too_large");
+    assert_error(
+        &put(json!({"s": "z".repeat(80)})).await,
+        413,
+        "patch_too_large",
+    );
     assert_eq!(s.snapshot(&["device-1"]).await, before);
     s.stop().await;
 }

@@ -21,16 +21,58 @@ async fn lease_operations_and_refusals_are_audited() {
     let a = s.acquire("worker-a", "twin/device-1").await.body;
     let (ta, id) = (token_of(&a), a["lease_id"].as_str().unwrap().to_owned());
     let renew = format!("/v1/leases/{id}/renew");
-    assert_eq!(s.call(Some("worker-a"), Method::POST, &renew, Some(&json!({})), &[]).await.status, 200);
-    assert_eq!(s.call(Some("worker-b"), Method::POST, &renew, Some(&json!({})), &[]).await.status, 403);
+    assert_eq!(
+        s.call(
+            Some("worker-a"),
+            Method::POST,
+            &renew,
+            Some(&json!({})),
+            &[]
+        )
+        .await
+        .status,
+        200
+    );
+    assert_eq!(
+        s.call(
+            Some("worker-b"),
+            Method::POST,
+            &renew,
+            Some(&json!({})),
+            &[]
+        )
+        .await
+        .status,
+        403
+    );
     assert_eq!(s.acquire("worker-a", "twin/device-2").await.status, 429);
     assert_eq!(s.acquire("reader", "twin/device-2").await.status, 403);
-    assert_eq!(s.call(None, Method::GET, "/v1/twins/device-1", None, &[]).await.status, 401);
-    assert_eq!(s.put("worker-b", "device-1", ta, json!({"v": 1})).await.status, 403);
+    assert_eq!(
+        s.call(None, Method::GET, "/v1/twins/device-1", None, &[])
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        s.put("worker-b", "device-1", ta, json!({"v": 1}))
+            .await
+            .status,
+        403
+    );
     let release = format!("/v1/leases/{id}");
-    assert_eq!(s.call(Some("worker-a"), Method::DELETE, &release, None, &[]).await.status, 204);
+    assert_eq!(
+        s.call(Some("worker-a"), Method::DELETE, &release, None, &[])
+            .await
+            .status,
+        204
+    );
     let tb = token_of(&s.acquire("worker-b", "twin/device-1").await.body);
-    assert_eq!(s.put("worker-a", "device-1", ta, json!({"v": 1})).await.status, 409);
+    assert_eq!(
+        s.put("worker-a", "device-1", ta, json!({"v": 1}))
+            .await
+            .status,
+        409
+    );
 
     let r = s.get("ops", "/v1/audit?limit=1000").await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -48,16 +90,25 @@ async fn lease_operations_and_refusals_are_audited() {
     assert_eq!(grants[1]["principal"], "worker-b");
     assert_eq!(grants[1]["token"], tb);
     let renewals = find(&records, "renew", "ok");
-    assert_eq!((renewals.len(), &renewals[0]["principal"]), (1, &json!("worker-a")));
+    assert_eq!(
+        (renewals.len(), &renewals[0]["principal"]),
+        (1, &json!("worker-a"))
+    );
     let stolen = find(&records, "renew", "forbidden");
     assert_eq!(stolen.len(), 1);
     assert_eq!(stolen[0]["principal"], "worker-b");
     assert_eq!(stolen[0]["detail"], "lease_not_yours");
     assert_eq!(stolen[0]["token"], ta);
     let limited = find(&records, "grant", "limited");
-    assert_eq!((limited.len(), &limited[0]["detail"]), (1, &json!("too_many_leases")));
+    assert_eq!(
+        (limited.len(), &limited[0]["detail"]),
+        (1, &json!("too_many_leases"))
+    );
     let forbidden = find(&records, "grant", "forbidden");
-    assert_eq!((forbidden.len(), &forbidden[0]["principal"]), (1, &json!("reader")));
+    assert_eq!(
+        (forbidden.len(), &forbidden[0]["principal"]),
+        (1, &json!("reader"))
+    );
     let unauth = find(&records, "read", "unauthenticated");
     assert_eq!((unauth.len(), &unauth[0]["principal"]), (1, &json!("")));
     let wrong_token = find(&records, "write", "forbidden");
@@ -74,15 +125,24 @@ async fn lease_operations_and_refusals_are_audited() {
 
     // Paging.
     let first = seqs[0];
-    let page = s.get("ops", &format!("/v1/audit?after={first}&limit=2")).await.body;
+    let page = s
+        .get("ops", &format!("/v1/audit?after={first}&limit=2"))
+        .await
+        .body;
     assert_eq!(page["records"].as_array().unwrap().len(), 2);
     assert_eq!(page["records"][0]["seq"], seqs[1]);
     assert_eq!(page["next_after"], seqs[2]);
 
     // As metrics.
     let m = s.get("reader", "/metrics").await.text;
-    assert!(m.contains("palisade_audit_records_total{action=\"grant\",outcome=\"ok\"} 2"), "{m}");
-    assert!(m.contains("palisade_audit_records_total{action=\"write\",outcome=\"stale\"} 1"), "{m}");
+    assert!(
+        m.contains("palisade_audit_records_total{action=\"grant\",outcome=\"ok\"} 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("palisade_audit_records_total{action=\"write\",outcome=\"stale\"} 1"),
+        "{m}"
+    );
 
     // On disk: the same records after a restart.
     let data = s.dir.path().join("data");

@@ -68,7 +68,10 @@ async fn only_signed_records_of_the_token_owner_are_applied() {
     let t = FencingToken(ta);
     // Refused: unsigned; signed by another principal with a's token; signed
     // in a's name with b's key; signed by a principal without `write`.
-    publisher(None).publish(&twin, t, &event("unsigned", json!({"x": 1}))).await.unwrap();
+    publisher(None)
+        .publish(&twin, t, &event("unsigned", json!({"x": 1})))
+        .await
+        .unwrap();
     publisher(Some(("worker-b", s.key("worker-b"))))
         .publish(&twin, t, &event("stolen", json!({"x": 2})))
         .await
@@ -105,7 +108,12 @@ async fn only_signed_records_of_the_token_owner_are_applied() {
     let reasons: Vec<&str> = dead.iter().map(|d| d["reason"].as_str().unwrap()).collect();
     assert_eq!(
         reasons,
-        ["unauthenticated", "token_not_yours", "unauthenticated", "forbidden"],
+        [
+            "unauthenticated",
+            "token_not_yours",
+            "unauthenticated",
+            "forbidden"
+        ],
         "{dead:#?}"
     );
     let events = s.get("reader", "/v1/twins/device-1/events").await.body;
@@ -116,14 +124,21 @@ async fn only_signed_records_of_the_token_owner_are_applied() {
         .map(|e| e["event_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["good"]);
-    assert_eq!(s.get("reader", "/v1/twins/device-1").await.body["state"]["x"], 5);
+    assert_eq!(
+        s.get("reader", "/v1/twins/device-1").await.body["state"]["x"],
+        5
+    );
     // Audited as refused writes.
     let audit = s.get("ops", "/v1/audit?limit=1000").await.body;
     let kafka: Vec<&Value> = audit["records"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|r| r["detail"].as_str().is_some_and(|d| d.starts_with("kafka ")))
+        .filter(|r| {
+            r["detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("kafka "))
+        })
         .collect();
     assert_eq!(kafka.len(), 4, "{audit:#}");
 

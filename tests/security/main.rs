@@ -79,8 +79,8 @@ pub struct Cert {
 }
 
 pub fn mint_cert(dir: &Path) -> Cert {
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
-        .unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
     let cert = dir.join("cert.pem");
     let key = dir.join("key.pem");
     std::fs::write(&cert, ck.cert.pem()).unwrap();
@@ -110,12 +110,7 @@ pub fn security_toml(keys: &BTreeMap<String, String>, extra: &str) -> String {
 pub fn fresh_keys() -> BTreeMap<String, String> {
     PRINCIPALS
         .iter()
-        .map(|(n, _)| {
-            (
-                (*n).to_owned(),
-                palisade::http::auth::mint_key().unwrap().0,
-            )
-        })
+        .map(|(n, _)| ((*n).to_owned(), palisade::http::auth::mint_key().unwrap().0))
         .collect()
 }
 
@@ -286,7 +281,11 @@ impl Secure {
     /// Everything the store would show about itself, read as `ops`/`reader`
     /// (or anonymously with authentication off): for "changes nothing".
     pub async fn snapshot(&self, twins: &[&str]) -> Value {
-        let who = if self.keys.is_empty() { "anon" } else { "reader" };
+        let who = if self.keys.is_empty() {
+            "anon"
+        } else {
+            "reader"
+        };
         let mut out = json!({
             "partitions": self.get(who, "/v1/partitions").await.body,
             "last_token": self.store.last_token().0,
@@ -314,13 +313,19 @@ impl Secure {
 }
 
 pub fn token_of(v: &Value) -> u64 {
-    v["token"].as_u64().unwrap_or_else(|| panic!("no token in {v}"))
+    v["token"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no token in {v}"))
 }
 
 /// Assert an error response: status and stable `error` name, with a message.
 #[track_caller]
 pub fn assert_error(r: &Resp, status: u16, error: &str) {
-    assert_eq!(r.status, status, "want {status} {error}, got {} {}", r.status, r.text);
+    assert_eq!(
+        r.status, status,
+        "want {status} {error}, got {} {}",
+        r.status, r.text
+    );
     assert_eq!(r.body["error"], error, "body: {}", r.text);
     assert!(
         r.body["message"].as_str().is_some_and(|m| !m.is_empty()),

@@ -140,9 +140,7 @@ impl Auth {
         }
         let mut out: Vec<Identity> = Vec::with_capacity(principals.len());
         for p in principals {
-            if p.name.is_empty()
-                || p.name.len() > MAX_NAME
-                || p.name.chars().any(char::is_control)
+            if p.name.is_empty() || p.name.len() > MAX_NAME || p.name.chars().any(char::is_control)
             {
                 return Err(format!(
                     "principal {:?}: a name is 1..={MAX_NAME} bytes without control characters",

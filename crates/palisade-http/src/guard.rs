@@ -43,7 +43,9 @@ use crate::security::ANONYMOUS;
 #[derive(Debug)]
 pub enum Refusal {
     /// No `Authorization: Bearer` header, or not a key of any principal.
-    Unauthenticated { reason: &'static str },
+    Unauthenticated {
+        reason: &'static str,
+    },
     /// No grant of `action` covers `scope`.
     Forbidden {
         principal: String,
@@ -51,18 +53,37 @@ pub enum Refusal {
         scope: String,
     },
     /// The lease belongs to another principal.
-    LeaseNotYours { principal: String },
+    LeaseNotYours {
+        principal: String,
+    },
     /// The fencing token was granted to another principal (or before
     /// authentication was on).
-    TokenNotYours { token: u64 },
+    TokenNotYours {
+        token: u64,
+    },
     /// Too many requests from this principal; retry after this long.
-    RateLimited { retry_after: Duration },
+    RateLimited {
+        retry_after: Duration,
+    },
     /// The principal holds as many live leases as it may.
-    TooManyLeases { held: usize, max: usize },
-    TwinIdTooLong { len: usize, max: usize },
-    PatchTooDeep { max: usize },
-    PatchTooLarge { len: usize, max: usize },
-    BodyTooLarge { max: usize },
+    TooManyLeases {
+        held: usize,
+        max: usize,
+    },
+    TwinIdTooLong {
+        len: usize,
+        max: usize,
+    },
+    PatchTooDeep {
+        max: usize,
+    },
+    PatchTooLarge {
+        len: usize,
+        max: usize,
+    },
+    BodyTooLarge {
+        max: usize,
+    },
     /// The token could not be bound to its owner: it is not handed out.
     AuditStorage(String),
 }
@@ -90,7 +111,11 @@ enum Target {
     Undecodable,
 }
 
-fn classify(matched: &str, method: &Method, params: Option<&std::collections::HashMap<String, String>>) -> Target {
+fn classify(
+    matched: &str,
+    method: &Method,
+    params: Option<&std::collections::HashMap<String, String>>,
+) -> Target {
     let param = |k: &str| params.and_then(|p| p.get(k)).cloned();
     let twin = || param("twin_id").and_then(|t| TwinId::new(t).ok());
     match matched {
@@ -140,9 +165,12 @@ fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
     let text = raw.to_str().map_err(|_| Refusal::Unauthenticated {
         reason: "the Authorization header is not text",
     })?;
-    let (scheme, key) = text.trim().split_once(' ').ok_or(Refusal::Unauthenticated {
-        reason: "the Authorization header must be `Bearer <api key>`",
-    })?;
+    let (scheme, key) = text
+        .trim()
+        .split_once(' ')
+        .ok_or(Refusal::Unauthenticated {
+            reason: "the Authorization header must be `Bearer <api key>`",
+        })?;
     if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
         return Err(Refusal::Unauthenticated {
             reason: "the Authorization header must be `Bearer <api key>`",
@@ -331,10 +359,8 @@ pub(crate) async fn guard(State(s): State<AppState>, mut req: Request, next: Nex
                         )
                     }
                     Err(e) => {
-                        return audit.refuse(
-                            AuditOutcome::Refused,
-                            Refusal::AuditStorage(e.to_string()),
-                        )
+                        return audit
+                            .refuse(AuditOutcome::Refused, Refusal::AuditStorage(e.to_string()))
                     }
                 }
             }
@@ -425,10 +451,14 @@ async fn acquire(
     let max_body = s.config.max_body_bytes;
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, max_body).await else {
-        return audit.refuse(AuditOutcome::Limited, Refusal::BodyTooLarge { max: max_body });
+        return audit.refuse(
+            AuditOutcome::Limited,
+            Refusal::BodyTooLarge { max: max_body },
+        );
     };
-    let mut json: Option<serde_json::Map<String, Value>> =
-        serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| match v {
+    let mut json: Option<serde_json::Map<String, Value>> = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| match v {
             Value::Object(m) => Some(m),
             _ => None,
         });
@@ -440,7 +470,9 @@ async fn acquire(
     let Some(scope) = scope else {
         // Not a lease request the handler will accept: it refuses it (400)
         // before anything happens.
-        return next.run(Request::from_parts(parts, Body::from(bytes))).await;
+        return next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
     };
     audit.scope = scope.to_string();
     if let Scope::Twin(t) = &scope {
@@ -494,7 +526,9 @@ async fn acquire(
             return audit.refuse(AuditOutcome::Limited, Refusal::TooManyLeases { held, max });
         }
     }
-    let resp = next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    let resp = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
     let status = resp.status();
     let (parts, bytes) = buffered(resp).await;
     if status == StatusCode::CREATED {
@@ -521,10 +555,7 @@ async fn acquire(
             tracing::warn!(error = %e, "audit flush failed");
         }
     } else {
-        audit.record(
-            lease_outcome_of(status),
-            &error_name(&bytes),
-        );
+        audit.record(lease_outcome_of(status), &error_name(&bytes));
     }
     Response::from_parts(parts, Body::from(bytes))
 }
@@ -582,10 +613,7 @@ async fn lease_op(
         return resp;
     }
     let (parts, bytes) = buffered(resp).await;
-    audit.record(
-        lease_outcome_of(status),
-        &error_name(&bytes),
-    );
+    audit.record(lease_outcome_of(status), &error_name(&bytes));
     Response::from_parts(parts, Body::from(bytes))
 }
 
@@ -654,6 +682,9 @@ mod tests {
         let m = |v: Value| v.as_object().cloned().unwrap();
         assert_eq!(depth(&m(serde_json::json!({}))), 1);
         assert_eq!(depth(&m(serde_json::json!({"a": 1, "b": [{"c": {}}]}))), 4);
-        assert_eq!(depth(&m(serde_json::json!({"a": {"b": {"c": 1}}, "d": 2}))), 3);
+        assert_eq!(
+            depth(&m(serde_json::json!({"a": {"b": {"c": 1}}, "d": 2}))),
+            3
+        );
     }
 }

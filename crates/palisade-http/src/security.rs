@@ -141,7 +141,12 @@ struct Bucket {
 impl PrincipalState {
     /// Take one request from `principal`'s bucket, or say how long until
     /// one is available. A refused request takes nothing.
-    pub(crate) fn take(&self, principal: &str, limits: &Limits, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn take(
+        &self,
+        principal: &str,
+        limits: &Limits,
+        now: Instant,
+    ) -> Result<(), Duration> {
         let rate = limits.requests_per_second;
         if rate <= 0.0 {
             return Ok(());
@@ -217,7 +222,9 @@ mod tests {
     fn bad_limits_are_named() {
         let mut f = SecurityFile::default();
         f.limits.max_patch_depth = 33;
-        assert!(Security::from_file(&f).unwrap_err().contains("max_patch_depth"));
+        assert!(Security::from_file(&f)
+            .unwrap_err()
+            .contains("max_patch_depth"));
         let mut f = SecurityFile::default();
         f.limits.requests_per_second = f64::NAN;
         assert!(Security::from_file(&f)

@@ -44,7 +44,12 @@ impl std::error::Error for TlsError {}
 /// client certificates, ALPN `http/1.1`.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| TlsError(format!("cannot read certificate file {}: {e}", cert.display())))?
+        .map_err(|e| {
+            TlsError(format!(
+                "cannot read certificate file {}: {e}",
+                cert.display()
+            ))
+        })?
         .collect::<Result<_, _>>()
         .map_err(|e| TlsError(format!("certificate file {}: {e}", cert.display())))?;
     if certs.is_empty() {
@@ -61,7 +66,11 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
         .map_err(|e| TlsError(format!("TLS setup: {e}")))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| TlsError(format!("certificate and key do not make a TLS identity: {e}")))?;
+        .map_err(|e| {
+            TlsError(format!(
+                "certificate and key do not make a TLS identity: {e}"
+            ))
+        })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

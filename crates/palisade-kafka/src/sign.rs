@@ -88,7 +88,14 @@ pub fn sign(
     value: &[u8],
 ) -> String {
     let mut m = mac(key);
-    m.update(&signed_bytes(principal.as_bytes(), twin, token, content_type, hlc, value));
+    m.update(&signed_bytes(
+        principal.as_bytes(),
+        twin,
+        token,
+        content_type,
+        hlc,
+        value,
+    ));
     m.finalize()
         .into_bytes()
         .iter()
@@ -116,8 +123,12 @@ pub fn claimed_principal<'a>(raw: &RawRecord<'a>) -> Result<&'a str, Refusal> {
 
 /// Check the record's signature under `key` (constant-time comparison).
 pub fn verify(raw: &RawRecord<'_>, principal: &str, key: &[u8; 32]) -> Result<(), Refusal> {
-    let sig = header(raw, SIGNATURE_HEADER)
-        .ok_or_else(|| refuse("unauthenticated", "the record has no palisade-signature header"))?;
+    let sig = header(raw, SIGNATURE_HEADER).ok_or_else(|| {
+        refuse(
+            "unauthenticated",
+            "the record has no palisade-signature header",
+        )
+    })?;
     let sig = std::str::from_utf8(sig)
         .ok()
         .filter(|s| s.len() == 64)
@@ -126,7 +137,12 @@ pub fn verify(raw: &RawRecord<'_>, principal: &str, key: &[u8; 32]) -> Result<()
                 .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
                 .collect::<Option<Vec<u8>>>()
         })
-        .ok_or_else(|| refuse("unauthenticated", "palisade-signature must be 64 hex characters"))?;
+        .ok_or_else(|| {
+            refuse(
+                "unauthenticated",
+                "palisade-signature must be 64 hex characters",
+            )
+        })?;
     let mut m = mac(key);
     m.update(&signed_bytes(
         principal.as_bytes(),
@@ -154,12 +170,22 @@ pub(crate) fn check_record(
     let Some(auth) = &cfg.auth else {
         return record;
     };
-    let IngestRecord::Append { twin, token, events } = record else {
+    let IngestRecord::Append {
+        twin,
+        token,
+        events,
+    } = record
+    else {
         return record;
     };
     let headers: Vec<(&str, Option<&[u8]>)> = msg
         .headers()
-        .map(|h| (0..h.count()).map(|i| h.get(i)).map(|h| (h.key, h.value)).collect())
+        .map(|h| {
+            (0..h.count())
+                .map(|i| h.get(i))
+                .map(|h| (h.key, h.value))
+                .collect()
+        })
         .unwrap_or_default();
     let raw = RawRecord {
         partition: msg.partition(),
@@ -168,7 +194,11 @@ pub(crate) fn check_record(
         value: msg.payload(),
         headers: &headers,
     };
-    let decoded = Decoded { twin, token, events };
+    let decoded = Decoded {
+        twin,
+        token,
+        events,
+    };
     match auth.check(&raw, &decoded) {
         Ok(()) => IngestRecord::Append {
             twin: decoded.twin,
@@ -219,25 +249,42 @@ mod tests {
     #[test]
     fn a_signed_record_verifies_and_any_change_breaks_it() {
         let key = signing_key("psk_secret");
-        let sig = sign(&key, "worker-a", b"pump-7", b"12", b"application/json", b"", b"{}");
-        let h = |p: &'static str, s: &str, t: &'static [u8]| -> Vec<(&'static str, Option<Vec<u8>>)> {
-            vec![
-                (TOKEN_HEADER, Some(t.to_vec())),
-                (CONTENT_TYPE_HEADER, Some(b"application/json".to_vec())),
-                (PRINCIPAL_HEADER, Some(p.as_bytes().to_vec())),
-                (SIGNATURE_HEADER, Some(s.as_bytes().to_vec())),
-            ]
-        };
-        let check = |hs: &[(&str, Option<Vec<u8>>)], value: &[u8], principal: &str, key: &[u8; 32]| {
-            let hs: Vec<(&str, Option<&[u8]>)> = hs.iter().map(|(k, v)| (*k, v.as_deref())).collect();
-            verify(&raw(&hs, value), principal, key)
-        };
+        let sig = sign(
+            &key,
+            "worker-a",
+            b"pump-7",
+            b"12",
+            b"application/json",
+            b"",
+            b"{}",
+        );
+        let h =
+            |p: &'static str, s: &str, t: &'static [u8]| -> Vec<(&'static str, Option<Vec<u8>>)> {
+                vec![
+                    (TOKEN_HEADER, Some(t.to_vec())),
+                    (CONTENT_TYPE_HEADER, Some(b"application/json".to_vec())),
+                    (PRINCIPAL_HEADER, Some(p.as_bytes().to_vec())),
+                    (SIGNATURE_HEADER, Some(s.as_bytes().to_vec())),
+                ]
+            };
+        let check =
+            |hs: &[(&str, Option<Vec<u8>>)], value: &[u8], principal: &str, key: &[u8; 32]| {
+                let hs: Vec<(&str, Option<&[u8]>)> =
+                    hs.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+                verify(&raw(&hs, value), principal, key)
+            };
         assert!(check(&h("worker-a", &sig, b"12"), b"{}", "worker-a", &key).is_ok());
         // Another token, value, principal or key: refused.
         assert!(check(&h("worker-a", &sig, b"13"), b"{}", "worker-a", &key).is_err());
         assert!(check(&h("worker-a", &sig, b"12"), b"{ }", "worker-a", &key).is_err());
         assert!(check(&h("worker-b", &sig, b"12"), b"{}", "worker-b", &key).is_err());
-        assert!(check(&h("worker-a", &sig, b"12"), b"{}", "worker-a", &signing_key("other")).is_err());
+        assert!(check(
+            &h("worker-a", &sig, b"12"),
+            b"{}",
+            "worker-a",
+            &signing_key("other")
+        )
+        .is_err());
         let e = check(&h("worker-a", "zz", b"12"), b"{}", "worker-a", &key).unwrap_err();
         assert_eq!(e.reason, "unauthenticated");
     }
