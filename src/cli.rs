@@ -72,6 +72,14 @@ pub struct Conn {
     /// `events` and `tail`; errors too (on stdout).
     #[arg(long, env = "PALISADE_JSON", value_parser = BoolishValueParser::new())]
     pub json: bool,
+    /// API key, sent as `Authorization: Bearer` (stores with authentication
+    /// on; see docs/security.md).
+    #[arg(long, env = "PALISADE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// PEM certificate to trust for an https:// --url (the CLI trusts no
+    /// built-in roots).
+    #[arg(long, env = "PALISADE_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

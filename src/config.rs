@@ -165,6 +165,13 @@ pub struct PublishConfig {
     /// Idempotency key (default: random).
     #[arg(long)]
     pub event_id: Option<String>,
+    /// Sign the record as this principal (a store with authentication on
+    /// applies only signed records; see docs/security.md). Needs --api-key.
+    #[arg(long, env = "PALISADE_PRINCIPAL", requires = "api_key")]
+    pub principal: Option<String>,
+    /// The principal's API key (signs the record; never sent).
+    #[arg(long, env = "PALISADE_API_KEY", hide_env_values = true, requires = "principal")]
+    pub api_key: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

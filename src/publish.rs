@@ -26,7 +26,11 @@ pub async fn publish(cfg: PublishConfig) -> anyhow::Result<()> {
         patch,
         hlc: None,
     };
-    let publisher = Publisher::new(&cfg.brokers, &cfg.topic, &[])?.with_partitions(cfg.partitions);
+    let mut publisher =
+        Publisher::new(&cfg.brokers, &cfg.topic, &[])?.with_partitions(cfg.partitions);
+    if let (Some(principal), Some(key)) = (&cfg.principal, &cfg.api_key) {
+        publisher = publisher.with_signing(principal, key);
+    }
     let (partition, offset) = publisher
         .publish(&twin, FencingToken(cfg.token), &event)
         .await?;

@@ -257,6 +257,32 @@ impl ServeSecurity {
     }
 }
 
+/// An HTTP client builder for the CLI: `Authorization: Bearer <api_key>` on
+/// every request, and `ca_cert` (PEM) as the only trusted root for HTTPS
+/// (the CLI trusts no built-in roots).
+pub fn http_builder(
+    api_key: Option<&str>,
+    ca_cert: Option<&Path>,
+) -> Result<reqwest::ClientBuilder, String> {
+    let mut b = reqwest::Client::builder();
+    if let Some(key) = api_key {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+            .map_err(|_| "--api-key: not a valid header value".to_owned())?;
+        v.set_sensitive(true);
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::AUTHORIZATION, v);
+        b = b.default_headers(h);
+    }
+    if let Some(path) = ca_cert {
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+        let cert = reqwest::Certificate::from_pem(&pem)
+            .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+        b = b.add_root_certificate(cert);
+    }
+    Ok(b)
+}
+
 /// `palisade auth ...`: API keys for the security file.
 #[derive(Debug, Subcommand)]
 pub enum AuthCommand {

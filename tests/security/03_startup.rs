@@ -167,6 +167,25 @@ async fn with_principals_and_tls_a_real_process_serves_https_and_checks_keys() {
     assert_eq!(r.status(), 201);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["holder"], "worker-a");
+    // The CLI, with --api-key and --ca-cert: the holder is the principal.
+    let cli = |key: Option<&str>, scope: &str| {
+        let mut c = palisade();
+        c.args(["lease", "acquire", "--json", "--holder", "someone-else"])
+            .args(["--scope", scope, "--url", &server.base])
+            .args(["--ca-cert", cert.cert.to_str().unwrap()])
+            .env_remove("PALISADE_API_KEY");
+        if let Some(k) = key {
+            c.args(["--api-key", k]);
+        }
+        c.output().unwrap()
+    };
+    let out = cli(Some(&keys["worker-b"]), "twin/device-2");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["holder"], "worker-b", "{v}");
+    let out = cli(None, "twin/device-3");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unauthenticated"));
     // Plain HTTP to the HTTPS port gets no API.
     let plain = reqwest::Client::new()
         .get(format!(
