@@ -7,14 +7,15 @@
 //!   the store's event keys (`0x01 ++ seq` big-endian), `apply_batch`, `flush`.
 //!   No fencing, no dedupe, no twin state.
 //! - `palisade/<n>`: `Store::append` of `n` events to one twin with a lease
-//!   acquired once: fence check, dedupe, LWW state apply, event + history +
-//!   dedupe + twin record writes, one flush.
+//!   acquired once: fence check, dedupe (in memory), LWW state apply, one
+//!   event-batch value + one history entry + the twin record, one flush
+//!   (on-disk layout 2, docs/decisions/0013-event-batches.md).
 //! - `raw_sled_store_keys/<n>` (diagnostic, not a baseline): the sled work
-//!   of `palisade/<n>` without the store's CPU work: per event a dedupe-key
-//!   `get` and the event, history and dedupe inserts; per batch a twin record
-//!   and the partition meta; `apply_batch`, `flush`. Splits the gap into
-//!   key layout (raw_sled -> store_keys) and fenced-path CPU (store_keys ->
-//!   palisade).
+//!   of `palisade/<n>` without the store's CPU work: one value holding the
+//!   `n` encoded events (a `Vec<Event>`, a few bytes per event larger than
+//!   the store's batch), one history entry, a twin record and the partition
+//!   meta; `apply_batch`, `flush`. Splits the gap into key layout (raw_sled
+//!   -> store_keys) and fenced-path CPU (store_keys -> palisade).
 //! - `palisade_concurrent/16x16`: 16 appends of 16 events to 16 twins of one
 //!   partition issued at once, so the writer folds them into group commits.
 //!   Compare with `raw_sled/256`.
@@ -212,26 +213,20 @@ fn durable_append(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("raw_sled_store_keys", n), &n, |b, &n| {
             b.iter_batched(
                 || {
-                    (0..n)
+                    let first = keys_seq + 1;
+                    let events: Vec<Event> = (0..n)
                         .map(|_| {
                             keys_seq += 1;
-                            let ev = stored_event(keys_seq, &keys_twin, &patch_text);
-                            let dedupe = twin_key(0x04, &keys_twin, ev.event_id.as_bytes());
-                            (keys_seq, codec::encode(&ev), dedupe)
+                            stored_event(keys_seq, &keys_twin, &patch_text)
                         })
-                        .collect::<Vec<_>>()
+                        .collect();
+                    (first, keys_seq, codec::encode(&events))
                 },
-                |events| {
+                |(first, head, value)| {
                     let mut batch = sled::Batch::default();
-                    let mut head = 0u64;
-                    for (seq, value, dedupe) in events {
-                        head = seq;
-                        assert!(keys.get(&dedupe).unwrap().is_none());
-                        batch.insert(&event_key(seq)[..], value);
-                        let history = twin_key(0x03, &keys_twin, &seq.to_be_bytes());
-                        batch.insert(history, &[][..]);
-                        batch.insert(dedupe, &seq.to_be_bytes()[..]);
-                    }
+                    batch.insert(&event_key(first)[..], value);
+                    let history = twin_key(0x03, &keys_twin, &first.to_be_bytes());
+                    batch.insert(history, &[][..]);
                     batch.insert(twin_key(0x02, &keys_twin, &[]), twin_record.clone());
                     batch.insert(&[0x07u8][..], &head.to_be_bytes()[..]);
                     keys.apply_batch(batch).unwrap();

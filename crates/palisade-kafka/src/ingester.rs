@@ -139,14 +139,30 @@ impl ConsumerContext for IngestContext {
 
 type Consumer_ = StreamConsumer<IngestContext>;
 
-/// A record queued in its partition's writer, waiting for its outcome.
+/// Records of one partition queued in its writer as one batch, waiting
+/// for their outcomes.
 struct Pending {
     partition: i32,
+    /// The batch's last offset: stored for the group commit once every
+    /// outcome of the batch is durable.
     offset: i64,
-    outcome: oneshot::Receiver<Result<IngestOutcome, AppendError>>,
-    /// With a dead-letter topic: a copy of a decoded record, forwarded if
-    /// the writer refuses it (unissued token, wrong scope, clock drift).
-    copy: Option<DeadCopy>,
+    outcomes: oneshot::Receiver<Result<Vec<IngestOutcome>, AppendError>>,
+    /// Per record, with a dead-letter topic: a copy of a decoded record,
+    /// forwarded if the writer refuses it (unissued token, wrong scope,
+    /// clock drift).
+    copies: Vec<Option<DeadCopy>>,
+}
+
+/// Most records taken from the consumer's queue before they are handed to
+/// the writers (one batch per partition).
+const FETCH_MAX: usize = 2048;
+
+/// Records of one partition taken in one fetch, in offset order.
+struct Fetched {
+    partition: i32,
+    last_offset: i64,
+    records: Vec<(u64, IngestRecord)>,
+    copies: Vec<Option<DeadCopy>>,
 }
 
 /// The consumer-group member that feeds the store.
@@ -235,43 +251,57 @@ impl Ingester {
                     // The acknowledger stops only on a failed batch.
                     () = tx.closed() => return Ok(()),
                 };
-                let (partition, offset) = (msg.partition(), msg.offset());
-                let record = crate::sign::check_record(
-                    to_record(&msg, store.partitions(), cfg.max_value_bytes),
-                    &msg,
-                    cfg,
-                );
-                let (forward, copy) = match (&record, &dlq) {
-                    (IngestRecord::Dead(dl), Some(_)) => {
-                        (Some((DeadCopy::of(&msg), dl.reason.clone())), None)
-                    }
-                    (IngestRecord::Append { .. }, Some(_)) => (None, Some(DeadCopy::of(&msg))),
-                    _ => (None, None),
-                };
+                // Take what else is already in the consumer's queue, without
+                // waiting, and hand it to the writers as one batch per
+                // partition: one queue message and one reply per batch, not
+                // per record.
+                let mut fetched: Vec<Fetched> = Vec::new();
+                let mut forward = Vec::new();
+                let mut taken = 1;
+                take(&msg, store.partitions(), cfg, dlq.is_some(), &mut fetched, &mut forward);
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
-                if let (Some((copy, reason)), Some((producer, topic))) = (forward, &dlq) {
-                    copy.send(&reason, producer, topic).await;
+                while taken < FETCH_MAX {
+                    let ready = {
+                        let mut next = std::pin::pin!(consumer.recv());
+                        std::future::poll_fn(|cx| {
+                            std::task::Poll::Ready(next.as_mut().poll(cx))
+                        })
+                        .await
+                    };
+                    match ready {
+                        std::task::Poll::Ready(m) => {
+                            let m = m?;
+                            take(&m, store.partitions(), cfg, dlq.is_some(), &mut fetched, &mut forward);
+                            taken += 1;
+                        }
+                        std::task::Poll::Pending => break,
+                    }
                 }
-                let (Ok(p), Ok(o)) = (u32::try_from(partition), u64::try_from(offset)) else {
-                    warn!(
-                        partition,
-                        offset, "record with a negative partition or offset ignored"
-                    );
-                    continue;
-                };
-                let outcome = store.enqueue_ingest(PartitionId(p), o, record).await?;
-                if tx
-                    .send(Pending {
-                        partition,
-                        offset,
-                        outcome,
-                        copy,
-                    })
-                    .await
-                    .is_err()
-                {
-                    return Ok(());
+                if let Some((producer, topic)) = &dlq {
+                    for (copy, reason) in forward {
+                        copy.send(&reason, producer, topic).await;
+                    }
+                }
+                for f in fetched {
+                    let Ok(p) = u32::try_from(f.partition) else {
+                        continue;
+                    };
+                    let outcomes = store
+                        .enqueue_ingest_batch(PartitionId(p), f.records)
+                        .await?;
+                    if tx
+                        .send(Pending {
+                            partition: f.partition,
+                            offset: f.last_offset,
+                            outcomes,
+                            copies: f.copies,
+                        })
+                        .await
+                        .is_err()
+                    {
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -320,6 +350,53 @@ async fn check_topic(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Decode one consumed record into its partition's batch (`fetched`), and
+/// queue a dead-letter-topic copy of an undecodable one (`forward`).
+fn take(
+    msg: &BorrowedMessage<'_>,
+    partitions: u32,
+    cfg: &IngestConfig,
+    with_dlq: bool,
+    fetched: &mut Vec<Fetched>,
+    forward: &mut Vec<(DeadCopy, String)>,
+) {
+    let (partition, offset) = (msg.partition(), msg.offset());
+    let Ok(o) = u64::try_from(offset) else {
+        warn!(partition, offset, "record with a negative offset ignored");
+        return;
+    };
+    if partition < 0 {
+        warn!(partition, offset, "record with a negative partition ignored");
+        return;
+    }
+    let record =
+        crate::sign::check_record(to_record(msg, partitions, cfg.max_value_bytes), msg, cfg);
+    let copy = match (&record, with_dlq) {
+        (IngestRecord::Dead(dl), true) => {
+            forward.push((DeadCopy::of(msg), dl.reason.clone()));
+            None
+        }
+        (IngestRecord::Append { .. }, true) => Some(DeadCopy::of(msg)),
+        _ => None,
+    };
+    let i = match fetched.iter().position(|f| f.partition == partition) {
+        Some(i) => i,
+        None => {
+            fetched.push(Fetched {
+                partition,
+                last_offset: offset,
+                records: Vec::new(),
+                copies: Vec::new(),
+            });
+            fetched.len() - 1
+        }
+    };
+    let f = &mut fetched[i];
+    f.last_offset = offset;
+    f.records.push((o, record));
+    f.copies.push(copy);
 }
 
 fn to_record(msg: &BorrowedMessage<'_>, partitions: u32, max_value_bytes: usize) -> IngestRecord {
@@ -442,30 +519,38 @@ async fn acknowledge(
 ) -> Result<(), KafkaIngestError> {
     const HELP: &str = "Kafka records handled, by outcome.";
     while let Some(p) = rx.recv().await {
-        let outcome = match p.outcome.await {
+        let outcomes = match p.outcomes.await {
             Ok(Ok(o)) => o,
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => return Err(AppendError::Closed.into()),
         };
-        // Refused by the writer (not at decoding): forward it now.
-        if let (IngestOutcome::DeadLettered { reason }, Some(copy), Some((producer, topic))) =
-            (&outcome, p.copy, &dlq)
-        {
-            copy.send(reason, producer, topic).await;
+        let mut counts = [0u64; 4];
+        for (outcome, copy) in outcomes.iter().zip(p.copies) {
+            // Refused by the writer (not at decoding): forward it now.
+            if let (IngestOutcome::DeadLettered { reason }, Some(copy), Some((producer, topic))) =
+                (outcome, copy, &dlq)
+            {
+                copy.send(reason, producer, topic).await;
+            }
+            counts[match outcome {
+                IngestOutcome::Applied(_) => 0,
+                IngestOutcome::AlreadyApplied => 1,
+                IngestOutcome::Dropped(_) => 2,
+                IngestOutcome::DeadLettered { .. } => 3,
+            }] += 1;
         }
         let part = p.partition.to_string();
-        let name = match &outcome {
-            IngestOutcome::Applied(_) => "applied",
-            IngestOutcome::AlreadyApplied => "already_applied",
-            IngestOutcome::Dropped(_) => "dropped_stale",
-            IngestOutcome::DeadLettered { .. } => "dead_lettered",
-        };
-        store.metrics().add(
-            "palisade_kafka_records_total",
-            HELP,
-            &[("outcome", name), ("partition", &part)],
-            1,
-        );
+        let names = ["applied", "already_applied", "dropped_stale", "dead_lettered"];
+        for (name, n) in names.into_iter().zip(counts) {
+            if n > 0 {
+                store.metrics().add(
+                    "palisade_kafka_records_total",
+                    HELP,
+                    &[("outcome", name), ("partition", &part)],
+                    n,
+                );
+            }
+        }
         // librdkafka's rd_kafka_offset_store stores (and commits) offset + 1.
         if let Err(e) = consumer.store_offset(&topic, p.partition, p.offset) {
             // Happens after a revoke; harmless, the store has the offset.
