@@ -25,11 +25,19 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     let store = Arc::new(Store::open(&config.data, config.store_config())?);
-    let _etcd = crate::cluster::bind_lease_backend(&store, &config).await?;
+    let etcd = crate::cluster::bind_lease_backend(&store, &config).await?;
+    // Cluster mode (src/cluster.rs): leases, appends and reads go through the node.
+    let node = match (&config.cluster_node, etcd) {
+        (Some(_), Some(etcd)) => Some(crate::cluster::Node::start(store.clone(), &config, etcd)?),
+        _ => None,
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
+    if let Some(n) = &node {
+        n.set_listen_addr(addr);
+    }
     let sweeper = {
         let store = store.clone();
         tokio::spawn(async move {
@@ -52,8 +60,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         info!(brokers = %cfg.brokers, topic = %cfg.topic, group = %cfg.group, "kafka ingestion on");
         let (store, stop_tx) = (store.clone(), stop_tx.clone());
         let stop = stopped(stop_rx.clone());
+        let node = node.clone();
         tokio::spawn(async move {
-            let r = palisade_kafka::Ingester::run(store, cfg, stop).await;
+            let r = match node {
+                Some(n) => palisade_kafka::cluster::ClusterIngester::run(store, cfg, n, stop).await,
+                None => palisade_kafka::Ingester::run(store, cfg, stop).await,
+            };
             if r.is_err() {
                 // A misconfiguration (e.g. partition counts differ): stop the
                 // whole server rather than run without ingestion.
@@ -74,7 +86,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         .run(
             listener,
             store.clone(),
-            config.http_config(),
+            palisade_http::HttpConfig {
+                cluster: node
+                    .clone()
+                    .map(|n| n as Arc<dyn palisade_http::cluster::ClusterRouting>),
+                ..config.http_config()
+            },
             stopped(stop_rx),
         )
         .await?;

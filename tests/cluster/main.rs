@@ -12,8 +12,15 @@ mod support;
 
 mod etcd;
 
+#[allow(dead_code)]
+#[path = "../kafka/broker.rs"]
+mod broker;
+
 #[path = "01_etcd_leases.rs"]
 mod etcd_leases;
 
 #[path = "02_etcd_store.rs"]
 mod etcd_store;
+
+#[path = "03_three_nodes.rs"]
+mod three_nodes;

@@ -104,6 +104,7 @@ impl From<AppendError> for ApiError {
             AppendError::BadPatch(_) | AppendError::BadEvent(_) => Self::bad_request(reason, msg),
             AppendError::Storage(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, reason, msg),
             AppendError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, reason, msg),
+            AppendError::NotServing(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, reason, msg),
         }
     }
 }

@@ -9,6 +9,7 @@
 
 mod audit_api;
 pub mod auth;
+pub mod cluster;
 mod error;
 mod guard;
 mod openapi;
@@ -40,6 +41,9 @@ pub struct HttpConfig {
     pub max_page: usize,
     /// Authentication (off by default), limits and audit settings.
     pub security: Security,
+    /// Cluster mode: redirect requests for twins owned by other nodes
+    /// (`cluster.rs`); `None` on a single node.
+    pub cluster: Option<Arc<dyn cluster::ClusterRouting>>,
 }
 
 impl Default for HttpConfig {
@@ -49,6 +53,7 @@ impl Default for HttpConfig {
             max_batch_events: 1000,
             max_page: 1000,
             security: Security::default(),
+            cluster: None,
         }
     }
 }
@@ -94,7 +99,13 @@ where
         // Ends the change streams; graceful shutdown then finishes.
         let _ = closing_tx.send(true);
     });
-    axum::serve(listener, routes::router_closing(store, config, closing))
+    let cluster = config.cluster.clone();
+    let partitions = store.partitions();
+    let mut app = routes::router_closing(store, config, closing);
+    if let Some(routing) = cluster {
+        app = cluster::layer(app, routing, partitions);
+    }
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = closed.wait_for(|c| *c).await;
         })

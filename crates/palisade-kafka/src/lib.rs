@@ -12,6 +12,7 @@
 //!
 //! The wire contract is in `docs/kafka.md` and `proto/palisade/v1/event.proto`.
 
+pub mod cluster;
 pub mod decode;
 mod ingester;
 mod publisher;

@@ -59,4 +59,11 @@ pub trait RemoteAuthority: Send + Sync + Debug {
 
     /// Monotonic now in the time base of the leases' `expires_at`.
     fn now(&self) -> Millis;
+
+    /// True if this authority gets each grant to the partition writers
+    /// itself (cluster mode: through the partition's Kafka log, in log
+    /// order); the store then does not register it locally.
+    fn registers_grants(&self) -> bool {
+        false
+    }
 }

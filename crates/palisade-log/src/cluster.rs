@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
-use palisade_core::{FencingToken, LeaseId, Scope};
-use palisade_lease::{AcquireRequest, Lease, RemoteAuthority, RemoteError};
+use palisade_core::{FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
+use palisade_lease::{AcquireRequest, BoxFuture, Lease, RemoteAuthority, RemoteError};
 use tokio::sync::oneshot;
 use tracing::warn;
 
-use crate::error::LeaseOpError;
+use crate::error::{AppendError, LeaseOpError};
 use crate::writer::Command;
-use crate::Store;
+use crate::{Appended, Store};
 
 /// Meta key naming the lease authority a store's tokens come from. Tokens of
 /// two authorities are two unrelated counters: mixing them in one store
@@ -30,7 +30,51 @@ pub enum BackendError {
     Storage(String),
 }
 
+/// Cluster mode: where [`Store::append`] sends appends instead of the
+/// partition writer (produce to Kafka, answer once applied).
+pub trait AppendRoute: Send + Sync + std::fmt::Debug {
+    fn append(
+        &self,
+        twin: TwinId,
+        token: FencingToken,
+        events: Vec<NewEvent>,
+        if_match: Option<u64>,
+    ) -> BoxFuture<'_, Result<Appended, AppendError>>;
+}
+
+/// Tree of cluster-mode state: each partition's owner fence.
+const CLUSTER_TREE: &str = "cluster";
+
 impl Store {
+    /// Send every append through `route` from now on (cluster mode; once,
+    /// at start-up).
+    pub fn route_appends(&self, route: Arc<dyn AppendRoute>) -> Result<(), BackendError> {
+        self.append_route
+            .set(route)
+            .map_err(|_| BackendError::AlreadySet)
+    }
+
+    /// The highest owner token seen in partition `p`'s source log (cluster
+    /// mode): records produced under a lower owner token are refused.
+    pub fn owner_fence(&self, p: PartitionId) -> Result<u64, sled::Error> {
+        let tree = self.db.open_tree(CLUSTER_TREE)?;
+        Ok(tree
+            .get(p.0.to_be_bytes())?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes))
+    }
+
+    /// Raise partition `p`'s owner fence to `token` (never lowers it),
+    /// durably, before returning.
+    pub fn raise_owner_fence(&self, p: PartitionId, token: u64) -> Result<(), sled::Error> {
+        let tree = self.db.open_tree(CLUSTER_TREE)?;
+        if self.owner_fence(p)? < token {
+            tree.insert(p.0.to_be_bytes(), &token.to_be_bytes())?;
+            tree.flush()?;
+        }
+        Ok(())
+    }
+
     /// The lease authority recorded for this store's tokens: `"embedded"`
     /// unless a remote one was bound to it.
     pub fn lease_backend(&self) -> Result<String, BackendError> {

@@ -32,6 +32,10 @@ pub enum AppendError {
     Storage(String),
     #[error("the store is shutting down")]
     Closed,
+    /// Cluster mode: this node does not (or no longer) serve the twin's
+    /// partition, or its record could not be produced to Kafka.
+    #[error("{0}")]
+    NotServing(String),
 }
 
 impl AppendError {
@@ -47,6 +51,7 @@ impl AppendError {
             AppendError::BadEvent(_) => "bad_event",
             AppendError::Storage(_) => "storage",
             AppendError::Closed => "closed",
+            AppendError::NotServing(_) => "not_serving",
         }
     }
 }

@@ -60,7 +60,7 @@ mod writer;
 pub use audit::{
     AuditAction, AuditError, AuditLog, AuditOutcome, AuditRecord, DEFAULT_AUDIT_MAX_RECORDS,
 };
-pub use cluster::BackendError;
+pub use cluster::{AppendRoute, BackendError};
 pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
 pub use ingest::{
     DeadLetter, IngestOutcome, IngestRecord, Rejection, DEAD_LETTERS_PER_PARTITION,

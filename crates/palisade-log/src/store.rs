@@ -61,6 +61,9 @@ pub struct Store {
     /// A lease authority outside the store (etcd), set once at start-up by
     /// `use_remote_authority` (cluster.rs); when set it replaces `authority`.
     pub(crate) remote: std::sync::OnceLock<Arc<dyn RemoteAuthority>>,
+    /// Cluster mode: appends go through the partition's Kafka log instead
+    /// of straight to the writer (set by `route_appends`, cluster.rs).
+    pub(crate) append_route: std::sync::OnceLock<Arc<dyn crate::cluster::AppendRoute>>,
     pub(crate) last_token: Arc<AtomicU64>,
     clock: Arc<Clock>,
     metrics: Arc<Metrics>,
@@ -174,6 +177,7 @@ impl Store {
             heads,
             authority: Arc::new(Mutex::new(authority)),
             remote: std::sync::OnceLock::new(),
+            append_route: std::sync::OnceLock::new(),
             last_token,
             clock,
             metrics,
@@ -258,7 +262,12 @@ impl Store {
             }
         }
         let lease = if let Some(remote) = self.remote.get() {
-            self.remote_acquire(remote.as_ref(), req).await?
+            let lease = self.remote_acquire(remote.as_ref(), req).await?;
+            if remote.registers_grants() {
+                self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
+                return Ok(lease);
+            }
+            lease
         } else {
             let id = LeaseId(uuid::Uuid::new_v4().as_u128());
             let auth = self.authority.clone();
@@ -396,6 +405,9 @@ impl Store {
         events: Vec<NewEvent>,
         if_match: Option<u64>,
     ) -> Result<Appended, AppendError> {
+        if let Some(route) = self.append_route.get() {
+            return route.append(twin, token, events, if_match).await;
+        }
         let p = self.partition_of(&twin);
         tracing::Span::current().record("partition", p.0);
         let twin_for_error = twin.clone();
