@@ -170,7 +170,12 @@ pub struct PublishConfig {
     #[arg(long, env = "PALISADE_PRINCIPAL", requires = "api_key")]
     pub principal: Option<String>,
     /// The principal's API key (signs the record; never sent).
-    #[arg(long, env = "PALISADE_API_KEY", hide_env_values = true, requires = "principal")]
+    #[arg(
+        long,
+        env = "PALISADE_API_KEY",
+        hide_env_values = true,
+        requires = "principal"
+    )]
     pub api_key: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]

@@ -274,8 +274,7 @@ pub fn http_builder(
         b = b.default_headers(h);
     }
     if let Some(path) = ca_cert {
-        let pem = std::fs::read(path)
-            .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+        let pem = std::fs::read(path).map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
         let cert = reqwest::Certificate::from_pem(&pem)
             .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
         b = b.add_root_certificate(cert);

@@ -170,5 +170,27 @@ async fn tokens_from_before_authentication_belong_to_nobody() {
         .put("worker-a", "device-5", lease.token.0, json!({"v": 1}))
         .await;
     assert_error(&r, 403, "token_not_yours");
+    // Its lease id too, even for the principal named as its holder.
+    let r = s
+        .call(
+            Some("worker-a"),
+            Method::POST,
+            &format!("/v1/leases/{}/renew", lease.id),
+            Some(&json!({})),
+            &[],
+        )
+        .await;
+    assert_error(&r, 403, "lease_not_yours");
+    // And an id nobody was ever granted.
+    let r = s
+        .call(
+            Some("worker-a"),
+            Method::DELETE,
+            "/v1/leases/0123456789abcdef0123456789abcdef",
+            None,
+            &[],
+        )
+        .await;
+    assert_error(&r, 403, "lease_not_yours");
     s.stop().await;
 }

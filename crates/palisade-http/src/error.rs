@@ -167,7 +167,10 @@ impl From<crate::guard::Refusal> for ApiError {
             R::LeaseNotYours { principal } => Self::new(
                 StatusCode::FORBIDDEN,
                 "lease_not_yours",
-                format!("this lease was granted to another principal, not to {principal:?}"),
+                format!(
+                    "this lease was not granted to {principal:?} (another principal's, \
+                     granted before authentication was on, or unknown)"
+                ),
             ),
             R::TokenNotYours { token } => Self::new(
                 StatusCode::FORBIDDEN,

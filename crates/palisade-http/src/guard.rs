@@ -539,14 +539,17 @@ async fn acquire(
             .and_then(|t| t.parse::<LeaseId>().ok())
             .map_or(0, |l| l.0);
         if caller.id.is_some() {
-            // Bound before the token leaves the store: a token nobody is
-            // bound to is refused for every principal.
-            if let Err(e) = s
-                .store
-                .audit()
+            // Bound before the token leaves the store: a token (or lease)
+            // nobody is bound to is refused for every principal.
+            let audit_log = s.store.audit();
+            let bound = match audit_log
                 .bind_token(FencingToken(audit.token), &holder)
                 .await
             {
+                Ok(()) => audit_log.bind_lease(audit.lease_id, &holder).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = bound {
                 return audit.refuse(AuditOutcome::Refused, Refusal::AuditStorage(e.to_string()));
             }
         }
@@ -596,11 +599,22 @@ async fn lease_op(
             };
             return audit.refuse(AuditOutcome::Forbidden, r);
         }
-        if caller.id.is_some() && lease.holder != caller.name() {
-            let r = Refusal::LeaseNotYours {
-                principal: caller.name().to_owned(),
-            };
-            return audit.refuse(AuditOutcome::Forbidden, r);
+    }
+    if caller.id.is_some() {
+        // The owner recorded at grant time, not the lease table: it holds
+        // for any lease backend, and a lease granted before authentication
+        // was on (or an unknown id) belongs to nobody.
+        match s.store.audit().lease_owner(id.0) {
+            Ok(Some(owner)) if owner == caller.name() => {}
+            Ok(_) => {
+                let r = Refusal::LeaseNotYours {
+                    principal: caller.name().to_owned(),
+                };
+                return audit.refuse(AuditOutcome::Forbidden, r);
+            }
+            Err(e) => {
+                return audit.refuse(AuditOutcome::Refused, Refusal::AuditStorage(e.to_string()))
+            }
         }
     }
     let resp = next.run(req).await;

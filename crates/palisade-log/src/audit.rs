@@ -326,6 +326,25 @@ impl AuditLog {
         Ok(())
     }
 
+    /// Bind lease `id` to the principal that was granted it, durably, like
+    /// [`AuditLog::bind_token`] (16-byte keys, beside the 8-byte token keys).
+    /// Renewals and releases are checked against this, whichever lease
+    /// backend holds the lease.
+    pub async fn bind_lease(&self, id: u128, principal: &str) -> Result<(), AuditError> {
+        self.owners.insert(id.to_be_bytes(), principal.as_bytes())?;
+        self.owners.flush_async().await?;
+        Ok(())
+    }
+
+    /// The principal lease `id` was granted to, if granted with
+    /// authentication on.
+    pub fn lease_owner(&self, id: u128) -> Result<Option<String>, AuditError> {
+        Ok(self
+            .owners
+            .get(id.to_be_bytes())?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
     /// The principal `token` was granted to, if it was granted while
     /// authentication was on.
     pub fn token_owner(&self, token: FencingToken) -> Result<Option<String>, AuditError> {
