@@ -149,6 +149,9 @@ pub struct AuditLog {
     records: sled::Tree,
     owners: sled::Tree,
     next: AtomicU64,
+    /// The oldest seq kept (records below it were pruned): with `next`, the
+    /// record count without scanning the tree (`Tree::len` is a full scan).
+    first: AtomicU64,
     max_records: AtomicU64,
     /// Serialises pruning; appends do not wait for it.
     prune: Mutex<()>,
@@ -237,10 +240,17 @@ impl AuditLog {
                 .saturating_add(1),
             None => 1,
         };
+        let first = match records.first()? {
+            Some((k, _)) => <[u8; 8]>::try_from(k.as_ref())
+                .map(u64::from_be_bytes)
+                .unwrap_or(next),
+            None => next,
+        };
         Ok(Self {
             records,
             owners,
             next: AtomicU64::new(next),
+            first: AtomicU64::new(first),
             max_records: AtomicU64::new(DEFAULT_AUDIT_MAX_RECORDS),
             prune: Mutex::new(()),
             counts: Mutex::new(BTreeMap::new()),
@@ -278,7 +288,8 @@ impl AuditLog {
 
     fn prune_past_cap(&self, last: u64) {
         let cap = self.max_records.load(Ordering::Relaxed);
-        if self.records.len() as u64 <= cap {
+        let first = self.first.load(Ordering::SeqCst);
+        if last.saturating_sub(first) < cap {
             return;
         }
         let Ok(_g) = self.prune.try_lock() else {
@@ -287,12 +298,13 @@ impl AuditLog {
         let keep_from = last.saturating_sub(cap - 1);
         for k in self
             .records
-            .range(..keep_from.to_be_bytes())
+            .range(first.to_be_bytes()..keep_from.to_be_bytes())
             .keys()
             .flatten()
         {
             let _ = self.records.remove(k);
         }
+        self.first.fetch_max(keep_from, Ordering::SeqCst);
     }
 
     /// Make every record so far durable.
