@@ -29,6 +29,9 @@ mod audit;
 #[path = "06_kafka.rs"]
 mod kafka;
 
+#[path = "07_overhead.rs"]
+mod overhead;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

@@ -102,7 +102,9 @@ enum Target {
     LeaseOp(AuditAction),
     Append(TwinId),
     ReadTwin(TwinId),
-    ReadPartition(String),
+    /// The partition number as the handler will read it (`03` is 3), so a
+    /// grant is matched against the canonical `partition/3`.
+    ReadPartition(u32),
     AdminRead(&'static str),
     Audit,
     /// A route added later that this guard does not know: admin only.
@@ -130,7 +132,9 @@ fn classify(
             twin().map_or(Target::Undecodable, Target::ReadTwin)
         }
         "/v1/partitions/{partition}/events" | "/v1/partitions/{partition}/watch" => {
-            param("partition").map_or(Target::Undecodable, Target::ReadPartition)
+            param("partition")
+                .and_then(|p| p.parse().ok())
+                .map_or(Target::Undecodable, Target::ReadPartition)
         }
         "/v1/partitions" => Target::AdminRead("partitions"),
         "/v1/rejections" => Target::AdminRead("rejections"),
