@@ -19,9 +19,6 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Security file, TLS and the bind policy (src/security.rs): checked
     // before anything is created, so a refused start changes nothing.
     let security = crate::security::prepare(&config)?;
-    // Security file, TLS and the bind policy (src/security.rs): checked
-    // before anything is created, so a refused start changes nothing.
-    let security = crate::security::prepare(&config)?;
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     let store = Arc::new(Store::open(&config.data, config.store_config())?);
