@@ -125,7 +125,7 @@ async fn reads_by_seq_cut_batches_exactly() {
     // replays start inside a batch).
     for (i, twin) in twins.iter().enumerate() {
         for at in 1..=total as u64 {
-            let last = model.iter().filter(|m| m.1 == i && m.0 <= at).last();
+            let last = model.iter().rfind(|m| m.1 == i && m.0 <= at);
             let view = store.twin(twin, AsOf::Seq(at)).unwrap();
             match last {
                 None => assert!(view.is_none(), "twin {twin} at {at}"),
@@ -233,7 +233,10 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
         events: vec![ev(id, 0)],
     };
     let outcomes = store
-        .enqueue_ingest_batch(PartitionId(0), (10..20).map(|o| (o, rec(&format!("k{o}")))).collect())
+        .enqueue_ingest_batch(
+            PartitionId(0),
+            (10..20).map(|o| (o, rec(&format!("k{o}")))).collect(),
+        )
         .await
         .unwrap()
         .await
@@ -246,7 +249,10 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
     assert_eq!(store.source_offset(PartitionId(0)).unwrap(), Some(19));
     // Redelivery overlapping the stored offset: only the new ones apply.
     let outcomes = store
-        .enqueue_ingest_batch(PartitionId(0), (15..25).map(|o| (o, rec(&format!("k{o}")))).collect())
+        .enqueue_ingest_batch(
+            PartitionId(0),
+            (15..25).map(|o| (o, rec(&format!("k{o}")))).collect(),
+        )
         .await
         .unwrap()
         .await
@@ -282,7 +288,13 @@ fn a_layout_1_store_is_refused_at_open() {
         db.flush().unwrap();
     }
     match Store::open(dir.path(), cfg()) {
-        Err(e @ OpenError::Format { found: 1, supported: 2, .. }) => {
+        Err(
+            e @ OpenError::Format {
+                found: 1,
+                supported: 2,
+                ..
+            },
+        ) => {
             assert!(e.to_string().contains("format 1"), "{e}");
         }
         other => panic!("expected a format error, got {other:?}"),
