@@ -232,21 +232,21 @@ mod tests {
         let bytes = codec::encode(&sample());
         let id2 = [vec![2], vec![0; 15]].concat();
         let want: Vec<u8> = [
-            vec![1],              // value encoding version
-            vec![2, b'd', b'7'],  // twin_id
-            vec![1, b'w'],        // writer
-            vec![34],             // token
-            vec![5],              // appended_at_ms
-            vec![2],              // 2 events
-            vec![2, b'e', b'1'],  // event_id
-            vec![1, b't'],        // event_type
+            vec![1],             // value encoding version
+            vec![2, b'd', b'7'], // twin_id
+            vec![1, b'w'],       // writer
+            vec![34],            // token
+            vec![5],             // appended_at_ms
+            vec![2],             // 2 events
+            vec![2, b'e', b'1'], // event_id
+            vec![1, b't'],       // event_type
             [vec![7], br#"{"a":1}"#.to_vec()].concat(),
-            vec![1],              // hlc.time
-            id2.clone(),          // hlc.id
+            vec![1],     // hlc.time
+            id2.clone(), // hlc.id
             vec![2, b'e', b'2'],
             vec![1, b't'],
             vec![2, b'{', b'}'],
-            vec![251, 44, 1],     // hlc.time 300
+            vec![251, 44, 1], // hlc.time 300
             id2,
         ]
         .concat();
