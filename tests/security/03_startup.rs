@@ -180,7 +180,11 @@ async fn with_principals_and_tls_a_real_process_serves_https_and_checks_keys() {
         c.output().unwrap()
     };
     let out = cli(Some(&keys["worker-b"]), "twin/device-2");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["holder"], "worker-b", "{v}");
     let out = cli(None, "twin/device-3");
