@@ -327,6 +327,8 @@ pub(crate) fn check(a: &CheckArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Invalid(e.to_string().trim_end().to_owned()))?;
     let r = resolve(args, &m).map_err(Failure::Invalid)?;
     r.config.validate().map_err(Failure::Invalid)?;
+    // The security file, TLS files and bind policy, as `serve` checks them.
+    crate::security::prepare(&r.config).map_err(|e| Failure::Invalid(format!("{e:#}")))?;
     let file = r.file.as_ref().map(|p| p.display().to_string());
     if a.json {
         let settings: serde_json::Map<String, serde_json::Value> = values(&r.config)

@@ -111,6 +111,17 @@ fn a_non_loopback_bind_without_auth_does_not_start() {
     std::fs::write(&bad, "[limits]\nmax_patch_dept = 3\n").unwrap();
     let err = refused(&["--data", d, "--security", bad.to_str().unwrap()]);
     assert!(err.contains("max_patch_dept"), "{err}");
+    // `palisade config check` finds the same problem without starting.
+    let cfg = dir.path().join("palisade.toml");
+    std::fs::write(&cfg, format!("security = {:?}\n", bad.to_str().unwrap())).unwrap();
+    let out = palisade()
+        .args(["config", "check", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("max_patch_dept"), "{said}");
     assert!(!data.exists());
 }
 
