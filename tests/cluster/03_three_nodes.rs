@@ -24,23 +24,25 @@ use crate::etcd::Etcd;
 
 /// A node process; its stderr (the tracing log) is appended to `log`
 /// across restarts.
-struct Node {
-    id: String,
+pub(crate) struct Node {
+    pub(crate) id: String,
     data: PathBuf,
     log: PathBuf,
     child: Option<Child>,
-    base: String,
+    pub(crate) base: String,
 }
 
-struct Cluster {
-    topic: String,
-    group: String,
-    etcd: String,
-    prefix: String,
+pub(crate) struct Cluster {
+    pub(crate) topic: String,
+    pub(crate) group: String,
+    pub(crate) etcd: String,
+    pub(crate) prefix: String,
+    /// Store partitions (= topic partitions).
+    pub(crate) partitions: u32,
 }
 
 impl Cluster {
-    fn start(&self, id: &str, dir: &Path) -> Node {
+    pub(crate) fn start(&self, id: &str, dir: &Path) -> Node {
         let mut n = Node {
             id: id.to_owned(),
             data: dir.join(id),
@@ -63,7 +65,16 @@ impl Cluster {
             .arg("--data")
             .arg(&n.data)
             .args(["--listen", "127.0.0.1:0"])
-            .args(broker().serve_args(&self.topic, &self.group))
+            .args(["--partitions", &self.partitions.to_string()])
+            .args(["--kafka-brokers", &broker().bootstrap])
+            .args(["--kafka-topic", &self.topic, "--kafka-group", &self.group])
+            .args(["--kafka-setting", "session.timeout.ms=6000"])
+            .args(["--kafka-setting", "heartbeat.interval.ms=500"])
+            // librdkafka's mock broker holds every fetch for the full
+            // fetch.wait.max.ms (500 ms by default) even when records
+            // arrive; Apache Kafka answers as soon as one is there. Without
+            // this, every cluster-mode append waits ~500 ms on the mock.
+            .args(["--kafka-setting", "fetch.wait.max.ms=5"])
             .args(["--lease-backend", "etcd", "--etcd-endpoints", &self.etcd])
             .args(["--etcd-prefix", &self.prefix, "--cluster-node", &n.id])
             .env(
@@ -112,7 +123,7 @@ impl Node {
         }
     }
 
-    fn terminate(&mut self) {
+    pub(crate) fn terminate(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = Command::new("kill")
                 .arg("-TERM")
@@ -259,6 +270,7 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
         topic: topic.clone(),
         etcd: etcd.endpoint.clone(),
         prefix: format!("/{topic}/"),
+        partitions: PARTITIONS,
     };
     let dir = tempfile::tempdir().unwrap();
     let mut nodes: Vec<Node> = (0..3)

@@ -24,3 +24,6 @@ mod etcd_store;
 
 #[path = "03_three_nodes.rs"]
 mod three_nodes;
+
+#[path = "04_scaling.rs"]
+mod scaling;
