@@ -239,9 +239,11 @@ fn lease_id(p: Result<Path<LeasePath>, PathRejection>) -> Result<LeaseId, ApiErr
     request_body(content = LeaseIn, content_type = "application/json"),
     responses(
         (status = 201, description = "Granted; the scope's fence is already raised to the token", body = LeaseOut),
-        (status = 400, description = "`bad_json`, `bad_scope`, `bad_ttl`, `bad_holder`, `unknown_partition`, `bad_body`", body = ErrorBody),
+        (status = 400, description = "`bad_json`, `bad_scope`, `bad_ttl`, `bad_holder`, `unknown_partition`, `bad_body`, \
+            `twin_id_too_long` (a configured limit)", body = ErrorBody),
         (status = 409, description = "`lease_held`: another holder's lease is live", body = LeaseHeldError),
         (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 429, description = "`too_many_leases` (`held`, `max`), `rate_limited` (with `Retry-After`): configured limits", body = ErrorBody),
         (status = 500, description = "`storage`, `tokens_exhausted`", body = ErrorBody),
         (status = 503, description = "`closed` (shutting down), `lease_id_collision`; retry", body = ErrorBody),
     )
@@ -367,11 +369,11 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         (status = 201, description = "Appended (on disk) or acknowledged as duplicates", body = AppendResponse,
             headers(("ETag" = String, description = "The twin's version, quoted"))),
         (status = 400, description = "`missing_token`, `bad_token`, `bad_json`, `bad_patch`, `bad_event`, `bad_hlc`, \
-            `bad_if_match`, `bad_twin_id`, `no_events`, `bad_body`", body = ErrorBody),
+            `bad_if_match`, `bad_twin_id`, `no_events`, `bad_body`, `twin_id_too_long` (a configured limit)", body = ErrorBody),
         (status = 403, description = "`token_not_issued`, `token_scope_mismatch` (`scope`)", body = TokenRefusedError),
         (status = 409, description = "`stale_token`: a later grant covering this twin was seen", body = StaleTokenError),
         (status = 412, description = "`version_mismatch`", body = VersionMismatchError),
-        (status = 413, description = "`body_too_large`, `batch_too_large`", body = ErrorBody),
+        (status = 413, description = "`body_too_large`, `batch_too_large`, `patch_too_large`", body = ErrorBody),
         (status = 422, description = "`clock_drift`: the event's HLC is too far ahead", body = ClockDriftError),
         (status = 500, description = "`storage`", body = ErrorBody),
         (status = 503, description = "`closed` (shutting down); retry", body = ErrorBody),
