@@ -39,6 +39,10 @@ use crate::error::ApiError;
 use crate::routes::AppState;
 use crate::security::ANONYMOUS;
 
+/// The rate bucket of requests without a valid key (not a valid principal
+/// name: names have no control characters).
+const UNAUTHENTICATED: &str = "\u{0}unauthenticated";
+
 /// Why the guard refused a request. Becomes a status code in `error.rs`.
 #[derive(Debug)]
 pub enum Refusal {
@@ -289,19 +293,30 @@ pub(crate) async fn guard(State(s): State<AppState>, mut req: Request, next: Nex
     let caller = match &security.auth {
         None => Caller { id: None },
         Some(auth) => {
-            let id = match bearer(req.headers()) {
-                Ok(key) => auth.authenticate(key),
-                Err(r) => return audit.refuse(AuditOutcome::Unauthenticated, r),
+            let refusal = match bearer(req.headers()) {
+                Ok(key) => match auth.authenticate(key) {
+                    Some(id) => Ok(Caller { id: Some(id) }),
+                    None => Err(Refusal::Unauthenticated {
+                        reason: "the API key is not known to this store",
+                    }),
+                },
+                Err(r) => Err(r),
             };
-            match id {
-                Some(id) => Caller { id: Some(id) },
-                None => {
-                    return audit.refuse(
-                        AuditOutcome::Unauthenticated,
-                        Refusal::Unauthenticated {
-                            reason: "the API key is not known to this store",
-                        },
-                    )
+            match refusal {
+                Ok(c) => c,
+                Err(r) => {
+                    // Requests without a valid key share one budget of the
+                    // per-principal rate: past it they are refused without
+                    // an audit record, so a flood cannot churn the log.
+                    if let Err(retry_after) =
+                        security
+                            .state
+                            .take(UNAUTHENTICATED, &security.limits, Instant::now())
+                    {
+                        return ApiError::from(Refusal::RateLimited { retry_after })
+                            .into_response();
+                    }
+                    return audit.refuse(AuditOutcome::Unauthenticated, r);
                 }
             }
         }
