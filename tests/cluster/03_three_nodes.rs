@@ -324,6 +324,55 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
     nodes[2].signal("CONT");
     round!([0usize, 1, 2]);
 
+    // A former owner's late write: a record produced under the first owner
+    // token of tw-0's partition (long superseded), with the twin's valid
+    // fencing token. Whoever applies it must refuse it (stale_owner).
+    let late_p =
+        palisade::core::partition_for(&palisade::core::TwinId::new("tw-0").unwrap(), PARTITIONS).0;
+    let first_owner = nodes
+        .iter()
+        .flat_map(|n| log_fields(&read(&n.log), "cluster: owner marker applied"))
+        .filter(|(_, f)| f["partition"] == late_p.to_string())
+        .map(|(_, f)| f["owner_token"].parse::<u64>().unwrap())
+        .min()
+        .expect("tw-0's partition had an owner");
+    let late_offset = {
+        use rdkafka::message::{Header, OwnedHeaders};
+        let (t, o) = (tokens["tw-0"].to_string(), first_owner.to_string());
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "fencing-token",
+                value: Some(t.as_bytes()),
+            })
+            .insert(Header {
+                key: "content-type",
+                value: Some(b"application/json".as_slice()),
+            })
+            .insert(Header {
+                key: "palisade-owner-token",
+                value: Some(o.as_bytes()),
+            })
+            .insert(Header {
+                key: "palisade-node",
+                value: Some(b"a-former-owner".as_slice()),
+            });
+        let value =
+            json!([{"type": "set", "patch": {"late": 1}, "event_id": "late-write"}]).to_string();
+        let rec = rdkafka::producer::FutureRecord::to(&topic)
+            .partition(i32::try_from(late_p).unwrap())
+            .key("tw-0")
+            .payload(&value)
+            .headers(headers);
+        let delivery = broker()
+            .raw_producer()
+            .send(rec, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        u64::try_from(delivery.offset).unwrap()
+    };
+    round!([0usize, 1, 2]);
+
     // 3. Restart every node in turn.
     for i in 0..3 {
         nodes[i].terminate();
@@ -333,6 +382,18 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
         cluster.launch(n);
     }
     round!([0usize, 1, 2]);
+
+    // The late write was refused everywhere it was applied.
+    let h = twin(
+        &nodes.iter().collect::<Vec<_>>(),
+        "tw-0",
+        "/events?limit=1000",
+    )
+    .await;
+    assert!(
+        !h.to_string().contains("late-write"),
+        "a former owner's late write was applied: {h}"
+    );
 
     // No acknowledged event is lost (nor stored twice).
     let all: Vec<&Node> = nodes.iter().collect();
@@ -436,5 +497,24 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
             "{t}: a single node replaying the log disagrees with the cluster"
         );
     }
+    // ...and by a node replaying the log from scratch, for the same reason.
+    let dl: Value = http()
+        .get(format!(
+            "{}/v1/dead-letters?partition={late_p}&limit=1000",
+            solo.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        dl["dead_letters"].as_array().unwrap().iter().any(|d| d["offset"] == late_offset && d["reason"] == "stale_owner"),
+        "the late write at offset {late_offset} of partition {late_p} is not a stale_owner dead letter: {dl}"
+    );
+    assert!(twin(&[&solo], "tw-0", "").await["state"]
+        .get("late")
+        .is_none());
     drop(solo);
 }
