@@ -258,21 +258,33 @@ impl Ingester {
                 let mut fetched: Vec<Fetched> = Vec::new();
                 let mut forward = Vec::new();
                 let mut taken = 1;
-                take(&msg, store.partitions(), cfg, dlq.is_some(), &mut fetched, &mut forward);
+                take(
+                    &msg,
+                    store.partitions(),
+                    cfg,
+                    dlq.is_some(),
+                    &mut fetched,
+                    &mut forward,
+                );
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
                 while taken < FETCH_MAX {
                     let ready = {
                         let mut next = std::pin::pin!(consumer.recv());
-                        std::future::poll_fn(|cx| {
-                            std::task::Poll::Ready(next.as_mut().poll(cx))
-                        })
-                        .await
+                        std::future::poll_fn(|cx| std::task::Poll::Ready(next.as_mut().poll(cx)))
+                            .await
                     };
                     match ready {
                         std::task::Poll::Ready(m) => {
                             let m = m?;
-                            take(&m, store.partitions(), cfg, dlq.is_some(), &mut fetched, &mut forward);
+                            take(
+                                &m,
+                                store.partitions(),
+                                cfg,
+                                dlq.is_some(),
+                                &mut fetched,
+                                &mut forward,
+                            );
                             taken += 1;
                         }
                         std::task::Poll::Pending => break,
@@ -368,7 +380,10 @@ fn take(
         return;
     };
     if partition < 0 {
-        warn!(partition, offset, "record with a negative partition ignored");
+        warn!(
+            partition,
+            offset, "record with a negative partition ignored"
+        );
         return;
     }
     let record =
@@ -540,7 +555,12 @@ async fn acknowledge(
             }] += 1;
         }
         let part = p.partition.to_string();
-        let names = ["applied", "already_applied", "dropped_stale", "dead_lettered"];
+        let names = [
+            "applied",
+            "already_applied",
+            "dropped_stale",
+            "dead_lettered",
+        ];
         for (name, n) in names.into_iter().zip(counts) {
             if n > 0 {
                 store.metrics().add(
