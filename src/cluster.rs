@@ -588,8 +588,14 @@ impl Ownership for Node {
                 .outcomes
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            o.0.insert((partition, offset), applied);
-            o.1.push_back((partition, offset));
+            // A replay after a consumer restart reports AlreadyApplied for
+            // offsets handled before: keep the first, real outcome.
+            let replay = matches!(applied, Applied::Outcome(IngestOutcome::AlreadyApplied));
+            if !(replay && o.0.contains_key(&(partition, offset)))
+                && o.0.insert((partition, offset), applied).is_none()
+            {
+                o.1.push_back((partition, offset));
+            }
             while o.1.len() > OUTCOMES_KEPT {
                 if let Some(k) = o.1.pop_front() {
                     o.0.remove(&k);
