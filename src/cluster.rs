@@ -417,6 +417,9 @@ impl Node {
                 self.id
             )));
         };
+        // No fence pre-check here: the writer checks the token's scope
+        // before its fence, and only it knows the scope; a stale append costs
+        // one record in the log and gets the same 409 as on one node.
         // Fix every HLC now, so that every node replaying the record
         // computes the same state.
         let body: Vec<serde_json::Value> = events
@@ -454,15 +457,20 @@ impl Node {
             Some(Applied::Outcome(IngestOutcome::Applied(a))) => Ok(a),
             Some(Applied::Outcome(IngestOutcome::Dropped(e))) => Err(e),
             Some(Applied::Outcome(IngestOutcome::DeadLettered { reason })) => {
-                Err(if reason == "stale_owner" {
-                    AppendError::NotServing(format!(
+                Err(match reason.as_str() {
+                    "stale_owner" => AppendError::NotServing(format!(
                         "node {} lost partition {p} before its append was applied; it was not applied",
                         self.id
-                    ))
-                } else {
-                    AppendError::BadEvent(format!(
+                    )),
+                    // The same 403s as on one node.
+                    "token_not_issued" => AppendError::NotIssued { token },
+                    "token_scope_mismatch" => match self.etcd.scope_of_token(token).await {
+                        Some(scope) => AppendError::WrongScope { token, scope, twin },
+                        None => AppendError::NotIssued { token },
+                    },
+                    _ => AppendError::BadEvent(format!(
                         "refused when applied from Kafka ({reason}); see /v1/dead-letters"
-                    ))
+                    )),
                 })
             }
             _ => Err(AppendError::NotServing(format!(

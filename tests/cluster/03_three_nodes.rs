@@ -309,6 +309,79 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
 
     round!([0usize, 1, 2]);
 
+    // Refusals through the cluster are those of one node: a superseded
+    // holder gets 409 stale_token (the new grant fenced it, in log order),
+    // a token of another twin 403 token_scope_mismatch; neither is stored.
+    {
+        let all: Vec<&Node> = nodes.iter().collect();
+        let c = http();
+        let lease = |holder: &'static str| {
+            let c = c.clone();
+            let base = nodes[2].base.clone();
+            async move {
+                let r = c
+                    .post(format!("{base}/v1/leases"))
+                    .json(&json!({"scope": "twin/tw-x", "holder": holder, "ttl_ms": 60_000}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 201);
+                r.json::<Value>().await.unwrap()
+            }
+        };
+        let a = lease("a").await;
+        let ta = a["token"].as_u64().unwrap();
+        append_acked(&all, "tw-x", ta, "x-a", &json!({"by": "a"})).await;
+        let released = c
+            .delete(format!(
+                "{}/v1/leases/{}",
+                nodes[1].base,
+                a["lease_id"].as_str().unwrap()
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(released.status().as_u16(), 204);
+        let tb = lease("b").await["token"].as_u64().unwrap();
+        assert!(tb > ta);
+        let refused = |twin: &'static str, token: u64, id: &'static str| {
+            let c = c.clone();
+            let base = nodes[0].base.clone();
+            async move {
+                loop {
+                    let r = c
+                        .post(format!("{base}/v1/twins/{twin}/events"))
+                        .header("fencing-token", token.to_string())
+                        .json(&json!({"type": "set", "patch": {"by": id}, "event_id": id}))
+                        .send()
+                        .await
+                        .unwrap();
+                    if r.status().as_u16() != 503 {
+                        return (r.status().as_u16(), r.json::<Value>().await.unwrap());
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        };
+        let (s, body) = refused("tw-x", ta, "x-late").await;
+        assert_eq!(
+            (s, body["error"].as_str()),
+            (409, Some("stale_token")),
+            "{body}"
+        );
+        assert_eq!(body["fence"], tb);
+        let (s, body) = refused("tw-1", tokens["tw-0"], "x-scope").await;
+        assert_eq!(
+            (s, body["error"].as_str()),
+            (403, Some("token_scope_mismatch")),
+            "{body}"
+        );
+        append_acked(&all, "tw-x", tb, "x-b", &json!({"by": "b"})).await;
+        let x = twin(&all, "tw-x", "").await;
+        assert_eq!(x["state"]["by"], "b");
+        assert_eq!(x["fence"], tb);
+    }
+
     // 1. SIGKILL a node: its partitions move once Kafka and etcd notice.
     nodes[1].kill();
     round!([0usize, 2]);

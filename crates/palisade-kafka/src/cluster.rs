@@ -237,6 +237,7 @@ impl ClusterIngester {
         let (tx, mut rx) = mpsc::channel::<Done>(4096);
         let acker = {
             let ownership = ownership.clone();
+            let store = store.clone();
             tokio::spawn(async move {
                 while let Some(d) = rx.recv().await {
                     match d {
@@ -246,7 +247,8 @@ impl ClusterIngester {
                             outcome,
                         } => match outcome.await {
                             Ok(Ok(o)) => {
-                                ownership.handled(partition, offset, Applied::Outcome(o), None)
+                                count(&store, partition, &o);
+                                ownership.handled(partition, offset, Applied::Outcome(o), None);
                             }
                             Ok(Err(e)) => return Err(KafkaIngestError::Store(e)),
                             Err(_) => return Err(KafkaIngestError::Store(AppendError::Closed)),
@@ -356,6 +358,23 @@ impl ClusterIngester {
         let acked = acker.await.unwrap_or(Ok(()));
         result.and(acked)
     }
+}
+
+/// `palisade_kafka_records_total{outcome,partition}`, as the single-node
+/// ingester counts them.
+fn count(store: &Store, partition: u32, o: &IngestOutcome) {
+    let name = match o {
+        IngestOutcome::Applied(_) => "applied",
+        IngestOutcome::AlreadyApplied => "already_applied",
+        IngestOutcome::Dropped(_) => "dropped_stale",
+        IngestOutcome::DeadLettered { .. } => "dead_lettered",
+    };
+    store.metrics().add(
+        "palisade_kafka_records_total",
+        "Kafka records handled, by outcome.",
+        &[("outcome", name), ("partition", &partition.to_string())],
+        1,
+    );
 }
 
 fn unreachable_dead(p: u32, o: u64) -> IngestRecord {
