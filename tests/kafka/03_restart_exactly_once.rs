@@ -25,6 +25,14 @@ const PER_TWIN: usize = 250;
 const N: u64 = (PARTITIONS as u64) * (TWINS_PER_PARTITION as u64) * (PER_TWIN as u64);
 const KILLS: usize = 2;
 
+/// Consumer settings that keep each fetch to a few records.
+const SLOW_FETCH: &[&str] = &[
+    "--kafka-setting",
+    "max.partition.fetch.bytes=512",
+    "--kafka-setting",
+    "queued.min.messages=1",
+];
+
 fn id(twin: &str, i: usize) -> String {
     format!("{twin}/{i:04}")
 }
@@ -107,7 +115,10 @@ async fn sigkill_mid_stream_twice_applies_every_record_exactly_once() {
 
     let mut applied_before = 0;
     for round in 1..=KILLS {
-        let s = serve(data, &t, &[]);
+        // Small fetches and no prefetching, so the stream arrives in many
+        // small batches and the kill lands mid-stream however fast the
+        // store applies a batch (the ingester takes everything queued).
+        let s = serve(data, &t, SLOW_FETCH);
         let at_kill = wait_progress(&s.client(), applied_before + 50, round).await;
         s.kill();
         assert!(
