@@ -1,8 +1,8 @@
 # Builds the `palisade` binary; used by docker-compose.yml.
 FROM rust:1.95-bookworm AS build
-# protoc: etcd-client's build compiles etcd's .proto files
-# (docs/decisions/0011-etcd-lease-authority.md); cmake: librdkafka.
-RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler cmake \
+# cmake: librdkafka. (No protoc: etcd-client's protos are compiled by
+# protox, docs/decisions/0014-vendored-etcd-client.md.)
+RUN apt-get update && apt-get install -y --no-install-recommends cmake \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

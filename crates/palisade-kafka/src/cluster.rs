@@ -33,7 +33,7 @@ use rdkafka::ClientContext;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
-use crate::decode::{decode, RawRecord};
+use crate::message::to_record;
 use crate::{IngestConfig, KafkaIngestError};
 
 /// Header naming a control record's kind (`owner` or `grant`).
@@ -406,44 +406,4 @@ fn header_str(msg: &BorrowedMessage<'_>, name: &str) -> Option<String> {
         .and_then(|h| h.value)
         .and_then(|v| std::str::from_utf8(v).ok())
         .map(str::to_owned)
-}
-
-fn to_record(msg: &BorrowedMessage<'_>, partitions: u32, max_value_bytes: usize) -> IngestRecord {
-    let headers: Vec<(&str, Option<&[u8]>)> = msg
-        .headers()
-        .map(|h| {
-            (0..h.count())
-                .map(|i| h.get(i))
-                .map(|h| (h.key, h.value))
-                .collect()
-        })
-        .unwrap_or_default();
-    let raw = RawRecord {
-        partition: msg.partition(),
-        offset: msg.offset(),
-        key: msg.key(),
-        value: msg.payload(),
-        headers: &headers,
-    };
-    match decode(&raw, partitions, max_value_bytes) {
-        Ok(d) => IngestRecord::Append {
-            twin: d.twin,
-            token: d.token,
-            events: d.events,
-        },
-        Err(refusal) => IngestRecord::Dead(DeadLetter {
-            partition: u32::try_from(msg.partition()).unwrap_or(0),
-            offset: u64::try_from(msg.offset()).unwrap_or(0),
-            key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-            reason: refusal.reason.to_owned(),
-            detail: refusal.detail,
-            headers: Vec::new(),
-            value: msg
-                .payload()
-                .map(|v| v[..v.len().min(palisade_log::DEAD_LETTER_VALUE_BYTES)].to_vec())
-                .unwrap_or_default(),
-            value_len: msg.payload().map_or(0, |v| v.len() as u64),
-            at_ms: 0,
-        }),
-    }
 }

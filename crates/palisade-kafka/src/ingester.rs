@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::PartitionId;
-use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Store};
+use palisade_log::{AppendError, IngestOutcome, IngestRecord, Store};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
@@ -17,7 +17,7 @@ use rdkafka::ClientContext;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, instrument, warn};
 
-use crate::decode::{decode, RawRecord};
+use crate::message::to_record;
 
 /// Settings of the Kafka ingester (`palisade serve --kafka-*`).
 #[derive(Debug, Clone)]
@@ -412,55 +412,6 @@ fn take(
     f.last_offset = offset;
     f.records.push((o, record));
     f.copies.push(copy);
-}
-
-fn to_record(msg: &BorrowedMessage<'_>, partitions: u32, max_value_bytes: usize) -> IngestRecord {
-    let headers: Vec<(&str, Option<&[u8]>)> = msg
-        .headers()
-        .map(|h| {
-            (0..h.count())
-                .map(|i| h.get(i))
-                .map(|h| (h.key, h.value))
-                .collect()
-        })
-        .unwrap_or_default();
-    let raw = RawRecord {
-        partition: msg.partition(),
-        offset: msg.offset(),
-        key: msg.key(),
-        value: msg.payload(),
-        headers: &headers,
-    };
-    match decode(&raw, partitions, max_value_bytes) {
-        Ok(d) => IngestRecord::Append {
-            twin: d.twin,
-            token: d.token,
-            events: d.events,
-        },
-        Err(refusal) => IngestRecord::Dead(DeadLetter {
-            partition: u32::try_from(msg.partition()).unwrap_or(0),
-            offset: u64::try_from(msg.offset()).unwrap_or(0),
-            key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-            reason: refusal.reason.to_owned(),
-            detail: refusal.detail,
-            headers: headers
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        (*k).to_owned(),
-                        v.map(|v| String::from_utf8_lossy(v).into_owned())
-                            .unwrap_or_default(),
-                    )
-                })
-                .collect(),
-            value: msg
-                .payload()
-                .map(|v| v[..v.len().min(palisade_log::DEAD_LETTER_VALUE_BYTES)].to_vec())
-                .unwrap_or_default(),
-            value_len: msg.payload().map_or(0, |v| v.len() as u64),
-            at_ms: 0,
-        }),
-    }
 }
 
 /// An owned copy of a record, forwarded to the dead-letter topic if it is

@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod decode;
 mod ingester;
+mod message;
 mod publisher;
 pub mod sign;
 

@@ -15,12 +15,12 @@
 use std::fmt;
 
 use hmac::{Hmac, KeyInit, Mac};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::BorrowedMessage;
 use sha2::{Digest, Sha256};
 
 use crate::decode::{Decoded, RawRecord, Refusal, CONTENT_TYPE_HEADER, HLC_HEADER, TOKEN_HEADER};
 use crate::IngestConfig;
-use palisade_log::{DeadLetter, IngestRecord};
+use palisade_log::IngestRecord;
 
 /// Header naming the principal that signed the record.
 pub const PRINCIPAL_HEADER: &str = "palisade-principal";
@@ -178,22 +178,8 @@ pub(crate) fn check_record(
     else {
         return record;
     };
-    let headers: Vec<(&str, Option<&[u8]>)> = msg
-        .headers()
-        .map(|h| {
-            (0..h.count())
-                .map(|i| h.get(i))
-                .map(|h| (h.key, h.value))
-                .collect()
-        })
-        .unwrap_or_default();
-    let raw = RawRecord {
-        partition: msg.partition(),
-        offset: msg.offset(),
-        key: msg.key(),
-        value: msg.payload(),
-        headers: &headers,
-    };
+    let headers = crate::message::headers_of(msg);
+    let raw = crate::message::raw_of(msg, &headers);
     let decoded = Decoded {
         twin,
         token,
@@ -205,29 +191,7 @@ pub(crate) fn check_record(
             token: decoded.token,
             events: decoded.events,
         },
-        Err(refusal) => IngestRecord::Dead(DeadLetter {
-            partition: u32::try_from(msg.partition()).unwrap_or(0),
-            offset: u64::try_from(msg.offset()).unwrap_or(0),
-            key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-            reason: refusal.reason.to_owned(),
-            detail: refusal.detail,
-            headers: headers
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        (*k).to_owned(),
-                        v.map(|v| String::from_utf8_lossy(v).into_owned())
-                            .unwrap_or_default(),
-                    )
-                })
-                .collect(),
-            value: msg
-                .payload()
-                .map(|v| v[..v.len().min(palisade_log::DEAD_LETTER_VALUE_BYTES)].to_vec())
-                .unwrap_or_default(),
-            value_len: msg.payload().map_or(0, |v| v.len() as u64),
-            at_ms: 0,
-        }),
+        Err(refusal) => crate::message::dead_letter(msg, &headers, refusal),
     }
 }
 
