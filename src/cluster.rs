@@ -731,6 +731,12 @@ impl RemoteAuthority for ClusterAuthority {
     fn holder_of(&self, scope: &Scope) -> Option<Lease> {
         self.node.etcd.holder_of(scope)
     }
+    fn lease(&self, id: LeaseId) -> Option<Lease> {
+        self.node.etcd.lease(id)
+    }
+    fn live_leases_of(&self, holder: &str) -> usize {
+        self.node.etcd.live_leases_of(holder)
+    }
     fn now(&self) -> Millis {
         self.node.etcd.now()
     }

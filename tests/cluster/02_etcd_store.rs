@@ -235,3 +235,37 @@ async fn palisade_serve_with_lease_backend_etcd_when_installed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--etcd-endpoints"), "{err}");
 }
+
+/// What the security guard asks the store about leases (the scope of a lease
+/// id on renew/release, the live leases of a principal for its limit) is
+/// answered from the etcd authority when it is the store's backend, not from
+/// the (empty) embedded table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_lookups_follow_the_etcd_backend_when_installed() {
+    let Some(etcd) = Etcd::start("lease_lookups_follow_the_etcd_backend_when_installed").await
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_on_etcd(dir.path(), &etcd, "t02d").await;
+    let c = server.client();
+
+    let a = c.acquire("twin/pump-1", "A", 60_000).await;
+    let b = c.acquire("twin/pump-2", "A", 60_000).await;
+    c.acquire("twin/pump-3", "B", 60_000).await;
+    assert_eq!(server.store.live_leases_of("A"), 2);
+    assert_eq!(server.store.live_leases_of("B"), 1);
+    let id_a: palisade::core::LeaseId = lease_id_of(&a).parse().unwrap();
+    let seen = server
+        .store
+        .lease(id_a)
+        .expect("a lease granted here is known");
+    assert_eq!(seen.scope.to_string(), "twin/pump-1");
+    assert_eq!(seen.token.0, token_of(&a));
+
+    let released = c.delete(&format!("/v1/leases/{}", lease_id_of(&b))).await;
+    assert_eq!(released.status, 204, "{:?}", released.body);
+    assert_eq!(server.store.live_leases_of("A"), 1);
+    let id_b: palisade::core::LeaseId = lease_id_of(&b).parse().unwrap();
+    assert!(server.store.lease(id_b).is_none());
+}

@@ -474,6 +474,19 @@ impl RemoteAuthority for EtcdAuthority {
             .cloned()
     }
 
+    fn lease(&self, id: LeaseId) -> Option<Lease> {
+        self.local().live.get(&id).cloned()
+    }
+
+    fn live_leases_of(&self, holder: &str) -> usize {
+        let now = self.now_ms();
+        self.local()
+            .live
+            .values()
+            .filter(|l| l.holder == holder && l.expires_in_ms(now) > 0)
+            .count()
+    }
+
     fn now(&self) -> Millis {
         self.now_ms()
     }

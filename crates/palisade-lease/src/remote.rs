@@ -57,6 +57,15 @@ pub trait RemoteAuthority: Send + Sync + Debug {
     /// granted or renewed), without a round trip: used by listings only.
     fn holder_of(&self, scope: &Scope) -> Option<Lease>;
 
+    /// The lease with this id as far as this process knows (granted or
+    /// renewed here and not ended), without a round trip: the security
+    /// guard's scope check on renew/release.
+    fn lease(&self, id: LeaseId) -> Option<Lease>;
+
+    /// How many live leases `holder` holds among those this process knows
+    /// (granted or renewed here): the per-principal lease limit.
+    fn live_leases_of(&self, holder: &str) -> usize;
+
     /// Monotonic now in the time base of the leases' `expires_at`.
     fn now(&self) -> Millis;
 

@@ -194,11 +194,17 @@ impl Store {
     /// The lease with this id, if the authority still holds it (live, or
     /// expired but not yet swept).
     pub fn lease(&self, id: LeaseId) -> Option<Lease> {
-        self.authority().get(id).cloned()
+        match self.remote.get() {
+            Some(remote) => remote.lease(id),
+            None => self.authority().get(id).cloned(),
+        }
     }
 
     /// How many live leases `holder` holds.
     pub fn live_leases_of(&self, holder: &str) -> usize {
+        if let Some(remote) = self.remote.get() {
+            return remote.live_leases_of(holder);
+        }
         let auth = self.authority();
         let now = auth.now();
         auth.table()
