@@ -66,6 +66,15 @@ async fn twin_read_shape_etag_and_not_found() {
     assert_eq!(r.status, 304);
     let r = send(c.http.get(&url).header("if-none-match", "\"999\"")).await;
     assert_eq!(r.status, 200);
+    // A weak tag, a list that includes it, and `*` match too (RFC 9110).
+    for v in [
+        format!("W/{etag}"),
+        format!("\"1000\", {etag}"),
+        "*".to_owned(),
+    ] {
+        let r = send(c.http.get(&url).header("if-none-match", v.as_str())).await;
+        assert_eq!(r.status, 304, "If-None-Match: {v}");
+    }
     // After a write the old ETag no longer matches.
     c.put(twin, t, "e-2", json!({"owner": "B"})).await;
     let r = send(c.http.get(&url).header("if-none-match", &etag)).await;

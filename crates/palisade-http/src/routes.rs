@@ -453,7 +453,7 @@ pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiErro
     responses(
         (status = 200, description = "The twin", body = TwinResponse,
             headers(("ETag" = String, description = "The twin's version, quoted"))),
-        (status = 304, description = "Not modified (`If-None-Match` names the current version)"),
+        (status = 304, description = "Not modified (`If-None-Match` names the current version, `*`, or a list including it; weak tags compare equal)"),
         (status = 400, description = "`bad_twin_id`, `bad_query`, `bad_hlc`", body = ErrorBody),
         (status = 404, description = "`twin_not_found`", body = ErrorBody),
         (status = 500, description = "`storage`", body = ErrorBody),
@@ -498,7 +498,7 @@ pub(crate) async fn get_twin(
         && headers
             .get(header::IF_NONE_MATCH)
             .and_then(|v| v.to_str().ok())
-            == Some(etag.as_str())
+            .is_some_and(|v| if_none_match_hits(v, &etag))
     {
         return Ok(StatusCode::NOT_MODIFIED.into_response());
     }
@@ -745,4 +745,33 @@ pub(crate) async fn dead_letters(
         })
         .collect();
     Ok(Json(DeadLettersResponse { dead_letters }))
+}
+
+/// Whether an `If-None-Match` value names `etag` (RFC 9110 13.1.2): `*`
+/// (the twin exists), or a comma-separated list of entity tags compared
+/// weakly (a `W/` prefix is ignored on either side).
+fn if_none_match_hits(header: &str, etag: &str) -> bool {
+    let strip = |t: &str| {
+        let t = t.trim();
+        t.strip_prefix("W/").unwrap_or(t).to_owned()
+    };
+    let etag = strip(etag);
+    header.trim() == "*" || header.split(',').any(|t| strip(t) == etag)
+}
+
+#[cfg(test)]
+mod if_none_match_tests {
+    use super::if_none_match_hits;
+
+    #[test]
+    fn matches_exact_weak_star_and_lists() {
+        assert!(if_none_match_hits("\"7\"", "\"7\""));
+        assert!(if_none_match_hits("W/\"7\"", "\"7\""));
+        assert!(if_none_match_hits(" * ", "\"7\""));
+        assert!(if_none_match_hits("\"3\", W/\"7\" ,\"9\"", "\"7\""));
+        assert!(!if_none_match_hits("\"6\"", "\"7\""));
+        assert!(!if_none_match_hits("\"3\", \"9\"", "\"7\""));
+        assert!(!if_none_match_hits("7", "\"7\""));
+        assert!(!if_none_match_hits("", "\"7\""));
+    }
 }
