@@ -8,7 +8,8 @@ use serde_json::json;
 
 use crate::error::{from_response, ClientError};
 use crate::lease::{Lease, LeaseOptions};
-use crate::types::{Appended, Event, EventPage, LeaseGrant, StoredEvent, TwinState};
+use crate::types::{Appended, Event, EventPage, LeaseGrant, Partitions, StoredEvent, TwinState};
+use crate::watch::{EventStream, WatchFrom, WATCH_IDLE_TIMEOUT};
 
 /// How long establishing a connection may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -212,17 +213,136 @@ impl Client {
     }
 
     /// The twin's current state; `None` if it has no events.
+    ///
+    /// For device-shadow documents (a `desired` and a `reported` section)
+    /// the store also computes [`TwinState::delta`].
     pub async fn twin(&self, twin: &str) -> Result<Option<TwinState>, ClientError> {
-        match self
-            .json(Method::GET, &["v1", "twins", twin], None::<&()>)
+        self.twin_as_of(twin, None).await
+    }
+
+    /// The twin's state after its events up to partition seq `seq`
+    /// (`?at_seq=`); `None` if it had no events by then. `version` is the
+    /// seq of the latest event included; `fence` is always the current fence.
+    ///
+    /// ```no_run
+    /// # async fn run(client: palisade_client::Client) -> Result<(), palisade_client::ClientError> {
+    /// let events = client.events("pump-7", 0, 10).await?;
+    /// // The state right after the first event, whatever came later.
+    /// let then = client.twin_at_seq("pump-7", events[0].seq).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn twin_at_seq(
+        &self,
+        twin: &str,
+        seq: u64,
+    ) -> Result<Option<TwinState>, ClientError> {
+        self.twin_as_of(twin, Some(("at_seq", seq.to_string())))
             .await
-        {
-            Ok(state) => Ok(Some(state)),
+    }
+
+    /// The twin's state from its events with HLC ≤ `hlc` (`?at_hlc=`), in
+    /// HLC order, not arrival order; `None` if it had none by then. `hlc` is
+    /// a [`Hlc`](palisade_core::Hlc) or its text form `<ntp64>/<hex id>`, e.g.
+    /// a [`StoredEvent::hlc`]; other text is `Api { status: 400, error:
+    /// "bad_hlc", .. }`.
+    pub async fn twin_at_hlc(
+        &self,
+        twin: &str,
+        hlc: impl std::fmt::Display,
+    ) -> Result<Option<TwinState>, ClientError> {
+        self.twin_as_of(twin, Some(("at_hlc", hlc.to_string())))
+            .await
+    }
+
+    async fn twin_as_of(
+        &self,
+        twin: &str,
+        at: Option<(&str, String)>,
+    ) -> Result<Option<TwinState>, ClientError> {
+        let mut url = self.url(&["v1", "twins", twin])?;
+        if let Some((k, v)) = at {
+            url.query_pairs_mut().append_pair(k, &v);
+        }
+        match self.send(self.http.get(url)).await {
+            Ok(resp) => Ok(Some(resp.json().await?)),
             Err(ClientError::Api {
                 status: 404, error, ..
             }) if error == "twin_not_found" => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Every partition: its fence, head (latest seq) and live
+    /// `partition/<p>` lease, and the last token the store issued. With
+    /// authentication on this needs `read` on `admin/partitions`.
+    pub async fn partitions(&self) -> Result<Partitions, ClientError> {
+        self.json(Method::GET, &["v1", "partitions"], None::<&()>)
+            .await
+    }
+
+    /// A live stream of the twin's events as they are appended
+    /// (`GET /v1/twins/{id}/watch`, Server-Sent Events). See [`EventStream`]
+    /// for what it yields and how it ends.
+    ///
+    /// ```no_run
+    /// use futures_util::StreamExt;
+    /// use palisade_client::{Client, ClientError, WatchFrom};
+    ///
+    /// # async fn run(client: Client) -> Result<(), ClientError> {
+    /// let mut from = WatchFrom::After(0); // the whole history, then live
+    /// loop {
+    ///     let mut events = client.watch_twin("pump-7", from).await?;
+    ///     while let Some(item) = events.next().await {
+    ///         match item {
+    ///             Ok(ev) => println!("{} {}", ev.seq, ev.patch),
+    ///             Err(e) => eprintln!("{e}"),
+    ///         }
+    ///     }
+    ///     // Broken or closed: carry on after the last event seen.
+    ///     from = events.resume_from();
+    /// }
+    /// # }
+    /// ```
+    pub async fn watch_twin(
+        &self,
+        twin: &str,
+        from: WatchFrom,
+    ) -> Result<EventStream, ClientError> {
+        self.watch(&["v1", "twins", twin, "watch"], from).await
+    }
+
+    /// A live stream of every event appended to partition `partition`
+    /// (`GET /v1/partitions/{p}/watch`), as [`watch_twin`](Self::watch_twin).
+    /// `Api { status: 404, error: "unknown_partition", .. }` if the store has
+    /// no such partition.
+    pub async fn watch_partition(
+        &self,
+        partition: u32,
+        from: WatchFrom,
+    ) -> Result<EventStream, ClientError> {
+        let p = partition.to_string();
+        self.watch(&["v1", "partitions", &p, "watch"], from).await
+    }
+
+    async fn watch(&self, segments: &[&str], from: WatchFrom) -> Result<EventStream, ClientError> {
+        // The client's whole-request timeout would cut an endless stream:
+        // lift it for this request; the idle timeout bounds it instead.
+        let mut req = self
+            .http
+            .get(self.url(segments)?)
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .timeout(Duration::MAX);
+        if let WatchFrom::After(seq) = from {
+            req = req.header("last-event-id", seq.to_string());
+        }
+        let resp = tokio::time::timeout(WATCH_IDLE_TIMEOUT, self.send(req))
+            .await
+            .map_err(|_| ClientError::Stream {
+                error: "idle_timeout".to_owned(),
+                message: format!("no response within {WATCH_IDLE_TIMEOUT:?}"),
+            })??;
+        Ok(EventStream::new(resp, from))
     }
 
     /// Up to `limit` of the twin's events with partition seq above `after`,

@@ -35,6 +35,14 @@ pub enum ClientError {
     /// connection dropped, or a 2xx body that could not be decoded.
     #[error("transport error: {0}")]
     Transport(#[from] reqwest::Error),
+    /// A change stream ([`EventStream`](crate::EventStream)) reported a
+    /// problem. `error` is `storage` (the server could not read the log; it
+    /// retries and the stream goes on), `bad_event` (data that is not an
+    /// event; skipped, the stream goes on) or `idle_timeout` (nothing, not
+    /// even a keep-alive, for [`WATCH_IDLE_TIMEOUT`](crate::WATCH_IDLE_TIMEOUT);
+    /// the stream ends: resume from its last event id).
+    #[error("change stream: {error}: {message}")]
+    Stream { error: String, message: String },
     /// The base URL given to [`Client::new`](crate::Client::new) is unusable.
     #[error("bad base URL: {0}")]
     BadUrl(String),
@@ -49,7 +57,7 @@ impl ClientError {
             Self::LeaseGone { .. } => Some(410),
             Self::Api { status, .. } => Some(*status),
             Self::Transport(e) => e.status().map(|s| s.as_u16()),
-            Self::BadUrl(_) => None,
+            Self::Stream { .. } | Self::BadUrl(_) => None,
         }
     }
 
@@ -59,7 +67,7 @@ impl ClientError {
             Self::Stale { .. } => Some("stale_token"),
             Self::LeaseHeld { .. } => Some("lease_held"),
             Self::LeaseGone { reason } => Some(reason),
-            Self::Api { error, .. } => Some(error),
+            Self::Api { error, .. } | Self::Stream { error, .. } => Some(error),
             Self::Transport(_) | Self::BadUrl(_) => None,
         }
     }

@@ -1,6 +1,14 @@
 //! Rust client for Palisade's HTTP API (`docs/http-api.md`).
 //!
-//! - [`Client`]: leases (acquire, renew, release), fenced appends, reads.
+//! - [`Client`]: leases (acquire, renew, release), fenced appends, reads:
+//!   a twin's state now or as of a past seq or HLC
+//!   ([`twin_at_seq`](Client::twin_at_seq), [`twin_at_hlc`](Client::twin_at_hlc)),
+//!   with its device-shadow [`delta`](TwinState::delta); its events; the
+//!   [`partitions`](Client::partitions).
+//! - Change streams: [`Client::watch_twin`] and [`Client::watch_partition`]
+//!   give an [`EventStream`] (a `futures` `Stream` of [`StoredEvent`]s over
+//!   Server-Sent Events), resumable with no gap and no duplicate from
+//!   [`EventStream::last_event_id`].
 //! - [`Lease`]: a lease kept renewed in the background, whose
 //!   [`lost`](Lease::lost) future lets a healthy but partitioned worker stop
 //!   early. It is an optimisation, never the safety mechanism: the store's
@@ -49,9 +57,13 @@ mod client;
 mod error;
 mod lease;
 mod types;
+mod watch;
 
 pub use client::{Client, APPEND_ATTEMPTS, APPEND_BACKOFF, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 pub use error::ClientError;
 pub use lease::{Lease, LeaseOptions};
 pub use palisade_core::{Hlc, Scope};
-pub use types::{Appended, Event, LeaseGrant, StoredEvent, TwinState};
+pub use types::{
+    Appended, Event, LeaseGrant, PartitionInfo, PartitionOwner, Partitions, StoredEvent, TwinState,
+};
+pub use watch::{EventStream, WatchFrom, WATCH_IDLE_TIMEOUT};

@@ -88,6 +88,13 @@ pub struct TwinState {
     pub state: Value,
     /// The HLC of the last write to each field, keyed by JSON pointer.
     pub hlc: BTreeMap<String, String>,
+    /// The device-shadow delta: when `state` has a `desired` object, the
+    /// desired leaves whose value differs from (or is missing in) `reported`
+    /// (nested objects compared member by member, arrays and scalars whole).
+    /// `None` when there is no `desired` object or nothing differs. Computed
+    /// by the store for every read, time-travel reads included.
+    #[serde(default)]
+    pub delta: Option<Value>,
 }
 
 /// An event as stored (`GET /v1/twins/{id}/events`).
@@ -105,6 +112,38 @@ pub struct StoredEvent {
     pub writer: String,
     pub token: u64,
     pub appended_at_ms: u64,
+}
+
+/// `GET /v1/partitions`: every partition of the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partitions {
+    /// The last fencing token the store issued (0: none yet).
+    pub last_token: u64,
+    pub partitions: Vec<PartitionInfo>,
+}
+
+/// One partition's fence, head and owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionInfo {
+    pub partition: u32,
+    pub fence: u64,
+    /// Sequence number of the partition's latest event (0: empty).
+    pub head: u64,
+    /// The live `partition/<p>` lease, if any.
+    pub owner: Option<PartitionOwner>,
+}
+
+/// The live lease on a partition, as `GET /v1/partitions` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionOwner {
+    pub lease_id: String,
+    /// `partition/<p>`.
+    pub scope: String,
+    pub holder: String,
+    pub token: u64,
+    pub ttl_ms: u64,
+    /// How long the lease has left, as the store saw it when answering.
+    pub expires_in_ms: u64,
 }
 
 /// `{"events": [...], "next_after"}`.

@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_client::{Client, ClientError, Event, LeaseOptions};
+use futures_util::StreamExt;
+use palisade_client::{
+    Client, ClientError, Event, EventStream, LeaseOptions, StoredEvent, WatchFrom,
+};
 use palisade_http::HttpConfig;
 use palisade_log::{Store, StoreConfig};
 use serde_json::json;
@@ -434,5 +437,289 @@ async fn dropping_the_guard_stops_renewing_without_releasing() {
         Err(ClientError::LeaseGone { reason }) if reason == "lease_expired"
     ));
     c.acquire("twin/g5", "b", ttl).await.unwrap();
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn twin_at_seq_and_at_hlc_return_the_older_state() {
+    let srv = Server::start().await;
+    let c = srv.client();
+    let g = c.acquire("twin/tt", "a", LONG).await.unwrap();
+    let mut seqs = Vec::new();
+    for (rpm, extra) in [
+        (1, json!({"site": "a"})),
+        (2, json!({})),
+        (3, json!({"site": null})),
+    ] {
+        let mut patch = extra;
+        patch["rpm"] = json!(rpm);
+        let done = c
+            .append("tt", g.token, &[Event::new("set", patch)])
+            .await
+            .unwrap();
+        seqs.push(done.seqs[0]);
+    }
+    let now = c.twin("tt").await.unwrap().unwrap();
+    assert_eq!(now.state, json!({ "rpm": 3 }));
+    assert_eq!(now.version, seqs[2]);
+
+    let first = c.twin_at_seq("tt", seqs[0]).await.unwrap().unwrap();
+    assert_eq!(first.state, json!({ "rpm": 1, "site": "a" }));
+    assert_eq!(first.version, seqs[0]);
+    assert_eq!(first.fence, g.token, "the fence is always the current one");
+    let second = c.twin_at_seq("tt", seqs[1]).await.unwrap().unwrap();
+    assert_eq!(second.state, json!({ "rpm": 2, "site": "a" }));
+    assert_eq!(second.version, seqs[1]);
+    // Before its first event the twin did not exist.
+    assert_eq!(c.twin_at_seq("tt", seqs[0] - 1).await.unwrap(), None);
+
+    // By HLC: each stored event's HLC gives the state it produced.
+    let events = c.events("tt", 0, 10).await.unwrap();
+    for (ev, want) in events.iter().zip([
+        json!({ "rpm": 1, "site": "a" }),
+        json!({ "rpm": 2, "site": "a" }),
+        json!({ "rpm": 3 }),
+    ]) {
+        let at = c.twin_at_hlc("tt", &ev.hlc).await.unwrap().unwrap();
+        assert_eq!(at.state, want, "at_hlc={}", ev.hlc);
+        assert_eq!(at.version, ev.seq);
+    }
+    // An HLC before any event: nothing yet; text that is no HLC: 400.
+    assert_eq!(c.twin_at_hlc("tt", "1/1").await.unwrap(), None);
+    match c.twin_at_hlc("tt", "yesterday").await {
+        Err(ClientError::Api { status, error, .. }) => {
+            assert_eq!((status, error.as_str()), (400, "bad_hlc"))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Time travel needs URL-encoded twin ids too.
+    let odd = "a/b c?";
+    let g2 = c.acquire(&format!("twin/{odd}"), "a", LONG).await.unwrap();
+    let d = c.append(odd, g2.token, &[ev(1)]).await.unwrap();
+    c.append(odd, g2.token, &[ev(2)]).await.unwrap();
+    let then = c.twin_at_seq(odd, d.seqs[0]).await.unwrap().unwrap();
+    assert_eq!(
+        (then.twin_id.as_str(), then.state.clone()),
+        (odd, json!({ "n": 1 }))
+    );
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_delta_is_returned_now_and_at_a_past_seq() {
+    let srv = Server::start().await;
+    let c = srv.client();
+    let g = c.acquire("twin/thermo", "a", LONG).await.unwrap();
+    let first = c
+        .append(
+            "thermo",
+            g.token,
+            &[Event::new(
+                "shadow",
+                json!({
+                    "desired": { "temp": 21, "mode": "eco", "fan": { "speed": 2, "on": true } },
+                    "reported": { "temp": 19, "mode": "eco", "fan": { "speed": 2 } }
+                }),
+            )],
+        )
+        .await
+        .unwrap();
+    let want = json!({ "temp": 21, "fan": { "on": true } });
+    let t = c.twin("thermo").await.unwrap().unwrap();
+    assert_eq!(t.delta, Some(want.clone()));
+    // The device catches up: nothing differs any more.
+    c.append(
+        "thermo",
+        g.token,
+        &[Event::new(
+            "report",
+            json!({ "reported": { "temp": 21, "fan": { "on": true } } }),
+        )],
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.twin("thermo").await.unwrap().unwrap().delta, None);
+    // The delta as it was.
+    let then = c
+        .twin_at_seq("thermo", first.version)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(then.delta, Some(want));
+    // Not a shadow document: no delta.
+    let g2 = c.acquire("twin/plain", "a", LONG).await.unwrap();
+    c.append("plain", g2.token, &[ev(1)]).await.unwrap();
+    assert_eq!(c.twin("plain").await.unwrap().unwrap().delta, None);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn partitions_list_fence_head_and_owner() {
+    let srv = Server::start().await;
+    let c = srv.client();
+    let empty = c.partitions().await.unwrap();
+    assert_eq!(empty.last_token, 0);
+    assert_eq!(empty.partitions.len(), srv.store.partitions() as usize);
+    for (i, p) in empty.partitions.iter().enumerate() {
+        assert_eq!(p.partition as usize, i);
+        assert_eq!((p.fence, p.head, p.owner.clone()), (0, 0, None));
+    }
+
+    let tw = c.acquire("twin/pp", "a", LONG).await.unwrap();
+    let done = c.append("pp", tw.token, &[ev(1), ev(2)]).await.unwrap();
+    let p = done.partition;
+    let owner = c
+        .acquire(&format!("partition/{p}"), "owner-b", LONG)
+        .await
+        .unwrap();
+    let list = c.partitions().await.unwrap();
+    assert_eq!(list.last_token, owner.token);
+    let info = &list.partitions[p as usize];
+    assert_eq!(info.partition, p);
+    assert_eq!(info.head, done.seqs[1]);
+    assert_eq!(info.fence, owner.token);
+    let o = info.owner.clone().expect("a live partition lease");
+    assert_eq!(
+        (o.lease_id.as_str(), o.scope.as_str(), o.holder.as_str()),
+        (owner.lease_id.as_str(), owner.scope.as_str(), "owner-b")
+    );
+    assert_eq!((o.token, o.ttl_ms), (owner.token, 30_000));
+    assert!(o.expires_in_ms > 0 && o.expires_in_ms <= 30_000);
+    // The other partitions are untouched.
+    for other in list.partitions.iter().filter(|i| i.partition != p) {
+        assert_eq!((other.head, other.owner.clone()), (0, None));
+    }
+    // Released: no owner any more.
+    c.release(&owner.lease_id).await.unwrap();
+    assert_eq!(
+        c.partitions().await.unwrap().partitions[p as usize].owner,
+        None
+    );
+    srv.stop().await;
+}
+
+/// The next `n` events of `s`, failing on an error or after `LONG`.
+async fn take(s: &mut EventStream, n: usize) -> Vec<StoredEvent> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match timeout(LONG, s.next()).await {
+            Ok(Some(Ok(ev))) => out.push(ev),
+            other => panic!("after {} of {n} events: {other:?}", out.len()),
+        }
+    }
+    out
+}
+
+/// Nothing more arrives on `s` for a while.
+async fn quiet(s: &mut EventStream) {
+    if let Ok(item) = timeout(Duration::from_millis(300), s.next()).await {
+        panic!("expected nothing more, got {item:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_twin_streams_appends_in_order_and_resumes_without_gap_or_duplicate() {
+    let srv = Server::start().await;
+    let c = srv.client();
+    let g = c.acquire("twin/w1", "a", LONG).await.unwrap();
+    let other = c.acquire("twin/w2", "a", LONG).await.unwrap();
+    // Before the stream opens: not in a stream that starts now.
+    c.append("w1", g.token, &[ev(0)]).await.unwrap();
+
+    let mut live = c.watch_twin("w1", WatchFrom::Now).await.unwrap();
+    assert_eq!(live.last_event_id(), None);
+    assert_eq!(live.resume_from(), WatchFrom::Now);
+    c.append("w1", g.token, &[ev(1), ev(2)]).await.unwrap();
+    c.append("w2", other.token, &[ev(99)]).await.unwrap(); // another twin
+    c.append("w1", g.token, &[ev(3)]).await.unwrap();
+    let got = take(&mut live, 3).await;
+    let stored = c.events("w1", 0, 100).await.unwrap();
+    assert_eq!(got, stored[1..], "the appended events, in order, as stored");
+    quiet(&mut live).await;
+    assert_eq!(live.last_event_id(), Some(stored[3].seq));
+
+    // Resume after the second streamed event: the third, then new ones.
+    let mut resumed = c
+        .watch_twin("w1", WatchFrom::After(got[1].seq))
+        .await
+        .unwrap();
+    c.append("w1", g.token, &[ev(4)]).await.unwrap();
+    let again = take(&mut resumed, 2).await;
+    let stored = c.events("w1", 0, 100).await.unwrap();
+    assert_eq!(again, stored[3..5]);
+    quiet(&mut resumed).await;
+    // The first stream saw the new one too, and resuming from where it
+    // stands gives nothing already seen.
+    assert_eq!(take(&mut live, 1).await, stored[4..5]);
+    let from = live.resume_from();
+    assert_eq!(from, WatchFrom::After(stored[4].seq));
+    drop(live);
+    c.append("w1", g.token, &[ev(5)]).await.unwrap();
+    let mut next = c.watch_twin("w1", from).await.unwrap();
+    let stored = c.events("w1", 0, 100).await.unwrap();
+    assert_eq!(take(&mut next, 1).await, stored[5..6]);
+    quiet(&mut next).await;
+
+    // After(0): the whole history first.
+    let mut all = c.watch_twin("w1", WatchFrom::After(0)).await.unwrap();
+    assert_eq!(take(&mut all, stored.len()).await, stored);
+    quiet(&mut all).await;
+
+    // The server shutting down ends the stream.
+    srv.stop().await;
+    match timeout(LONG, next.next()).await {
+        Ok(None | Some(Err(ClientError::Transport(_)))) => {}
+        other => panic!("expected the stream to end, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_partition_streams_every_twin_of_the_partition() {
+    let srv = Server::start().await;
+    let c = srv.client();
+    let g = c.acquire("twin/pw", "a", LONG).await.unwrap();
+    let done = c.append("pw", g.token, &[ev(1), ev(2)]).await.unwrap();
+    let p = done.partition;
+    // Find a second twin in the same partition.
+    let mut mate = None;
+    for n in 0..1000 {
+        let id = format!("mate-{n}");
+        let gm = c.acquire(&format!("twin/{id}"), "a", LONG).await.unwrap();
+        let d = c.append(&id, gm.token, &[ev(10)]).await.unwrap();
+        if d.partition == p {
+            mate = Some((id, gm.token));
+            break;
+        }
+    }
+    let (mate, mate_token) = mate.expect("a twin in the same partition");
+    let mut s = c.watch_partition(p, WatchFrom::After(0)).await.unwrap();
+    let mut stored = c.events("pw", 0, 100).await.unwrap();
+    stored.extend(c.events(&mate, 0, 100).await.unwrap());
+    let got = take(&mut s, 3).await;
+    assert_eq!(got, stored);
+    c.append(&mate, mate_token, &[ev(11)]).await.unwrap();
+    c.append("pw", g.token, &[ev(3)]).await.unwrap();
+    let live = take(&mut s, 2).await;
+    assert_eq!(
+        live.iter().map(|e| e.twin_id.as_str()).collect::<Vec<_>>(),
+        [mate.as_str(), "pw"]
+    );
+    assert!(live[0].seq < live[1].seq && got[2].seq < live[0].seq);
+    quiet(&mut s).await;
+    // Resume mid-way: exactly what followed.
+    let mut r = c
+        .watch_partition(p, WatchFrom::After(got[1].seq))
+        .await
+        .unwrap();
+    let rest = take(&mut r, 3).await;
+    assert_eq!(rest, [&got[2..], &live[..]].concat());
+    quiet(&mut r).await;
+
+    match c.watch_partition(9999, WatchFrom::Now).await {
+        Err(ClientError::Api { status, error, .. }) => {
+            assert_eq!((status, error.as_str()), (404, "unknown_partition"))
+        }
+        other => panic!("{other:?}"),
+    }
     srv.stop().await;
 }
