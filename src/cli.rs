@@ -356,6 +356,8 @@ impl Failure {
             },
             ClientError::Transport(e) => Self::transport(&e, url),
             ClientError::BadUrl(m) => Self::Usage(format!("--url: {m}")),
+            // Only change streams report this; `tail` reads them itself.
+            ClientError::Stream { .. } => Self::Unexpected(format!("{url}: {message}")),
         }
     }
 
