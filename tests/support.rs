@@ -15,6 +15,25 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+/// Open the store in `path`, in this process. sled writes its last buffers
+/// from its own thread pool, which can hold the folder's file lock for a
+/// moment after the previous `Store` in this process was closed and
+/// dropped; an in-process reopen waits for that (a process restart never
+/// sees it: the lock dies with the process). Any other error, or a lock
+/// still held after 10 s, panics.
+pub fn open_store(path: &Path, cfg: StoreConfig) -> Store {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match Store::open(path, cfg.clone()) {
+            Ok(store) => return store,
+            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("cannot open the store in {}: {e}", path.display()),
+        }
+    }
+}
+
 /// A store in a folder, served by the real axum router on 127.0.0.1:0.
 pub struct TestServer {
     pub base: String,
@@ -30,7 +49,7 @@ impl TestServer {
     }
 
     pub async fn start_with(path: &Path, store_cfg: StoreConfig, http: HttpConfig) -> Self {
-        let store = Arc::new(Store::open(path, store_cfg).expect("open store"));
+        let store = Arc::new(open_store(path, store_cfg));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel::<()>();

@@ -4,11 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use palisade::core::{FencingToken, Scope};
+use palisade::core::FencingToken;
 use palisade::lease::{AcquireRequest, LeaseError, RemoteAuthority, RemoteError};
-use palisade_etcd::EtcdAuthority;
 
-use crate::etcd::Etcd;
+use crate::etcd::{create_revision, Etcd};
 
 fn req(scope: &str, holder: &str, ttl_ms: u64) -> AcquireRequest {
     AcquireRequest {
@@ -16,19 +15,6 @@ fn req(scope: &str, holder: &str, ttl_ms: u64) -> AcquireRequest {
         holder: holder.into(),
         ttl_ms,
     }
-}
-
-/// The create revision of `scope`'s lock key, read straight from etcd.
-async fn create_revision(auth: &EtcdAuthority, scope: &str) -> Option<u64> {
-    let scope: Scope = scope.parse().unwrap();
-    let got = auth
-        .client()
-        .get(auth.lock_key(&scope), None)
-        .await
-        .unwrap();
-    got.kvs()
-        .first()
-        .map(|kv| u64::try_from(kv.create_revision()).unwrap())
 }
 
 fn lease_err(r: Result<impl std::fmt::Debug, RemoteError>) -> LeaseError {

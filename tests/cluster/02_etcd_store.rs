@@ -5,11 +5,10 @@
 
 use std::sync::Arc;
 
-use palisade::core::Scope;
-use palisade::log::{BackendError, Store, StoreConfig};
+use palisade::log::{BackendError, StoreConfig};
 use serde_json::json;
 
-use crate::etcd::Etcd;
+use crate::etcd::{create_revision, Etcd};
 use crate::support::{lease_id_of, token_of, ServeProcess, TestServer};
 
 async fn server_on_etcd(dir: &std::path::Path, etcd: &Etcd, prefix: &str) -> TestServer {
@@ -37,20 +36,7 @@ async fn store_fences_etcd_tokens_and_keeps_them_across_a_restart_when_installed
     let ta = token_of(&a);
     // The token is the lock key's create revision in etcd.
     let probe = etcd.authority("t02a").await;
-    let kv = probe
-        .client()
-        .get(
-            probe.lock_key(&"twin/pump-7".parse::<Scope>().unwrap()),
-            None,
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        kv.kvs()
-            .first()
-            .map(|kv| u64::try_from(kv.create_revision()).unwrap()),
-        Some(ta)
-    );
+    assert_eq!(create_revision(&probe, "twin/pump-7").await, Some(ta));
     assert_eq!(
         c.put("pump-7", ta, "e1", json!({"rpm": 1})).await.status,
         201
@@ -170,7 +156,7 @@ async fn a_store_keeps_the_authority_its_tokens_came_from_when_installed() {
     let server = server_on_etcd(dir.path(), &etcd, "t02b").await;
     server.client().acquire("twin/a", "A", 60_000).await;
     server.stop().await;
-    let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+    let store = crate::support::open_store(dir.path(), StoreConfig::default());
     assert!(matches!(
         store.check_embedded_backend(),
         Err(BackendError::Mismatch { .. })
@@ -202,18 +188,8 @@ async fn palisade_serve_with_lease_backend_etcd_when_installed() {
     let ttl = a["ttl_ms"].as_u64().unwrap();
     assert!(ttl >= 2000 && ttl % 1000 == 0, "{a}");
     let probe = etcd.authority("t02c").await;
-    let kv = probe
-        .client()
-        .get(
-            probe.lock_key(&"partition/1".parse::<Scope>().unwrap()),
-            None,
-        )
-        .await
-        .unwrap();
     assert_eq!(
-        kv.kvs()
-            .first()
-            .map(|kv| u64::try_from(kv.create_revision()).unwrap()),
+        create_revision(&probe, "partition/1").await,
         Some(token_of(&a))
     );
     serve.terminate();

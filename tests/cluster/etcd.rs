@@ -130,3 +130,16 @@ impl Drop for Etcd {
         let _ = self.child.wait();
     }
 }
+
+/// The create revision of `scope`'s lock key, read straight from etcd.
+pub async fn create_revision(auth: &EtcdAuthority, scope: &str) -> Option<u64> {
+    let scope: palisade::core::Scope = scope.parse().unwrap();
+    let got = auth
+        .client()
+        .get(auth.lock_key(&scope), None)
+        .await
+        .unwrap();
+    got.kvs()
+        .first()
+        .map(|kv| u64::try_from(kv.create_revision()).unwrap())
+}

@@ -10,8 +10,7 @@ use serde_json::json;
 
 use crate::support::ServeProcess;
 use crate::{
-    acked, assert_superseded, rounds, signal, twin_version, wait_until, Superseded, Writer,
-    WriterArgs,
+    acked, assert_superseded, rounds, signal, twin_version, Superseded, Writer, WriterArgs,
 };
 
 const TTL_MS: u64 = 300;
@@ -27,7 +26,7 @@ async fn sigstop_past_the_lease_is_fenced() {
     let rounds = rounds();
     for round in 0..rounds {
         let twin = format!("pause-{round}");
-        let a = Writer::start(
+        let a = Writer::start_acked(
             WriterArgs {
                 ttl_ms: TTL_MS,
                 interval_ms: 20,
@@ -36,11 +35,8 @@ async fn sigstop_past_the_lease_is_fenced() {
                 ..WriterArgs::new(&store.base, &twin, "A")
             },
             dir.path().join(format!("a-{round}.acks")),
+            3,
         )
-        .await;
-        wait_until("A's first acknowledgements", WAIT, || {
-            acked(&a.lines()).len() >= 3
-        })
         .await;
 
         signal(a.pid(), "STOP");
@@ -51,7 +47,7 @@ async fn sigstop_past_the_lease_is_fenced() {
         let (cut, _) = twin_version(&c, &twin).await.expect("A wrote");
         let a_lines_before = a.lines().len();
 
-        let b = Writer::start(
+        let b = Writer::start_acked(
             WriterArgs {
                 ttl_ms: 10_000,
                 interval_ms: 20,
@@ -60,11 +56,8 @@ async fn sigstop_past_the_lease_is_fenced() {
                 ..WriterArgs::new(&store.base, &twin, "B")
             },
             dir.path().join(format!("b-{round}.acks")),
+            1,
         )
-        .await;
-        wait_until("B's first acknowledgement", WAIT, || {
-            !acked(&b.lines()).is_empty()
-        })
         .await;
         signal(a.pid(), "CONT");
 

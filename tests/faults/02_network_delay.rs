@@ -102,6 +102,21 @@ impl DelayProxy {
     fn held_appends(&self) -> usize {
         self.holds.held_appends.load(SeqCst)
     }
+
+    /// Hold traffic (all of it, or only the next chunk) and wait until an
+    /// append is caught in the hold.
+    async fn hold_an_append(&self, all: bool) {
+        let before = self.held_appends();
+        if all {
+            self.hold_all();
+        } else {
+            self.hold_next();
+        }
+        wait_until("an append of A held in the proxy", WAIT, || {
+            self.held_appends() > before
+        })
+        .await;
+    }
 }
 
 impl Drop for DelayProxy {
@@ -145,7 +160,7 @@ async fn delayed_write_after_the_lease_is_lost_is_fenced() {
     for round in 0..rounds() {
         let twin = format!("delay-lost-{round}");
         // Appends and renewals through the proxy.
-        let a = Writer::start(
+        let a = Writer::start_acked(
             WriterArgs {
                 ttl_ms: TTL_MS,
                 interval_ms: 20,
@@ -154,19 +169,11 @@ async fn delayed_write_after_the_lease_is_lost_is_fenced() {
                 ..WriterArgs::new(&proxy.url, &twin, "A")
             },
             dir.path().join(format!("lost-a-{round}.acks")),
+            3,
         )
         .await;
-        wait_until("A's first acknowledgements", WAIT, || {
-            acked(&a.lines()).len() >= 3
-        })
-        .await;
 
-        let before = proxy.held_appends();
-        proxy.hold_all();
-        wait_until("an append of A held in the proxy", WAIT, || {
-            proxy.held_appends() > before
-        })
-        .await;
+        proxy.hold_an_append(true).await;
         let held_since = Instant::now();
         // A waits for that append's answer: its earlier answers are recorded.
         let a_lines_before = a.lines().len();
@@ -180,7 +187,7 @@ async fn delayed_write_after_the_lease_is_lost_is_fenced() {
         let (cut, _) = twin_version(&c, &twin).await.expect("A wrote");
 
         // B acquires (directly) once A's lease has run out, and writes.
-        let b = Writer::start(
+        let b = Writer::start_acked(
             WriterArgs {
                 ttl_ms: 10_000,
                 interval_ms: 20,
@@ -189,11 +196,8 @@ async fn delayed_write_after_the_lease_is_lost_is_fenced() {
                 ..WriterArgs::new(&store.base, &twin, "B")
             },
             dir.path().join(format!("lost-b-{round}.acks")),
+            1,
         )
-        .await;
-        wait_until("B's first acknowledgement", WAIT, || {
-            !acked(&b.lines()).is_empty()
-        })
         .await;
         // Deliver A's append late: after B wrote, and two TTLs after it was sent.
         let hold = Duration::from_millis(2 * TTL_MS);
@@ -245,7 +249,7 @@ async fn delayed_write_is_fenced_by_the_grant_alone() {
     let proxy = DelayProxy::start(&store.base).await;
     for round in 0..rounds() {
         let twin = format!("delay-grant-{round}");
-        let a = Writer::start(
+        let a = Writer::start_acked(
             WriterArgs {
                 ttl_ms: TTL_MS,
                 interval_ms: 20,
@@ -254,18 +258,10 @@ async fn delayed_write_is_fenced_by_the_grant_alone() {
                 ..WriterArgs::new(&proxy.url, &twin, "A")
             },
             dir.path().join(format!("grant-a-{round}.acks")),
+            3,
         )
         .await;
-        wait_until("A's first acknowledgements", WAIT, || {
-            acked(&a.lines()).len() >= 3
-        })
-        .await;
-        let before = proxy.held_appends();
-        proxy.hold_all();
-        wait_until("an append of A held in the proxy", WAIT, || {
-            proxy.held_appends() > before
-        })
-        .await;
+        proxy.hold_an_append(true).await;
         let a_lines_before = a.lines().len();
         let (cut, _) = twin_version(&c, &twin).await.expect("A wrote");
 
@@ -335,7 +331,7 @@ async fn delayed_write_under_a_live_lease_is_accepted() {
     for round in 0..rounds() {
         let twin = format!("delay-live-{round}");
         // Appends through the proxy, lease renewals direct.
-        let a = Writer::start(
+        let a = Writer::start_acked(
             WriterArgs {
                 lease_url: Some(store.base.clone()),
                 ttl_ms: TTL_MS,
@@ -344,18 +340,10 @@ async fn delayed_write_under_a_live_lease_is_accepted() {
                 ..WriterArgs::new(&proxy.url, &twin, "A")
             },
             dir.path().join(format!("live-a-{round}.acks")),
+            3,
         )
         .await;
-        wait_until("A's first acknowledgements", WAIT, || {
-            acked(&a.lines()).len() >= 3
-        })
-        .await;
-        let before = proxy.held_appends();
-        proxy.hold_next();
-        wait_until("an append of A held in the proxy", WAIT, || {
-            proxy.held_appends() > before
-        })
-        .await;
+        proxy.hold_an_append(false).await;
         let a_lines_before = a.lines().len();
         let held_since = Instant::now();
         // Hold it for two TTLs; all along the lease is A's (renewed).

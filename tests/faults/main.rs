@@ -219,6 +219,18 @@ impl WriterArgs {
 }
 
 impl Writer {
+    /// [`start`](Self::start), then wait (up to 30 s) until the writer has
+    /// `n` acknowledged appends.
+    pub async fn start_acked(args: WriterArgs, acks: PathBuf, n: usize) -> Self {
+        let what = format!("{}'s first {n} acknowledgement(s)", args.holder);
+        let w = Self::start(args, acks).await;
+        wait_until(&what, Duration::from_secs(30), || {
+            acked(&w.lines()).len() >= n
+        })
+        .await;
+        w
+    }
+
     /// Spawn the writer and wait (off the async runtime) for its `TOKEN`
     /// and `LEASE` lines: once this returns, its lease is granted.
     pub async fn start(args: WriterArgs, acks: PathBuf) -> Self {

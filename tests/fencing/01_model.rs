@@ -56,26 +56,14 @@ struct Granted {
     lease: palisade::core::LeaseId,
 }
 
-/// Open the store in `dir`. sled writes its last buffers from its own
-/// thread pool, which can hold the folder's file lock for a moment after the
-/// previous `Store` was closed and dropped; an in-process reopen waits for
-/// that (a process restart never sees it: the lock dies with the process).
-/// Any other error, or a lock still held after 10 s, fails the test.
 fn open(dir: &Path) -> Store {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let config = StoreConfig {
+    crate::support::open_store(
+        dir,
+        StoreConfig {
             partitions: Some(PARTITIONS),
             ..StoreConfig::default()
-        };
-        match Store::open(dir, config) {
-            Ok(store) => return store,
-            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(e) => panic!("cannot open the store: {e}"),
-        }
-    }
+        },
+    )
 }
 
 fn event(n: usize) -> NewEvent {

@@ -3,6 +3,9 @@
 //! matter how grants, releases, restarts and writes interleave.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../support.rs"]
+mod support;
+
 #[path = "02_concurrent.rs"]
 mod concurrent;
 #[path = "01_model.rs"]

@@ -2,7 +2,7 @@
 //! forbidden, limited, unauthenticated) with principal, scope, token and
 //! time; over HTTP for admins, as metrics, and on disk across a restart.
 
-use palisade::log::{AuditAction, AuditOutcome, Store, StoreConfig};
+use palisade::log::{AuditAction, AuditOutcome, StoreConfig};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -147,7 +147,7 @@ async fn lease_operations_and_refusals_are_audited() {
     // On disk: the same records after a restart.
     let data = s.dir.path().join("data");
     let _dir = s.stop().await;
-    let store = Store::open(&data, StoreConfig::default()).unwrap();
+    let store = crate::support::open_store(&data, StoreConfig::default());
     let kept = store.audit().list(0, 1000).unwrap();
     store.close().await;
     assert_eq!(kept.len(), records.len());

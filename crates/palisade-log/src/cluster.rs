@@ -57,18 +57,14 @@ impl Store {
     /// The highest owner token seen in partition `p`'s source log (cluster
     /// mode): records produced under a lower owner token are refused.
     pub fn owner_fence(&self, p: PartitionId) -> Result<u64, sled::Error> {
-        let tree = self.db.open_tree(CLUSTER_TREE)?;
-        Ok(tree
-            .get(p.0.to_be_bytes())?
-            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
-            .map_or(0, u64::from_be_bytes))
+        owner_fence_in(&self.db.open_tree(CLUSTER_TREE)?, p)
     }
 
     /// Raise partition `p`'s owner fence to `token` (never lowers it),
     /// durably, before returning.
     pub fn raise_owner_fence(&self, p: PartitionId, token: u64) -> Result<(), sled::Error> {
         let tree = self.db.open_tree(CLUSTER_TREE)?;
-        if self.owner_fence(p)? < token {
+        if owner_fence_in(&tree, p)? < token {
             tree.insert(p.0.to_be_bytes(), &token.to_be_bytes())?;
             tree.flush()?;
         }
@@ -224,4 +220,12 @@ impl Store {
             }
         }
     }
+}
+
+/// Partition `p`'s owner fence as stored in the `cluster` tree (0: none).
+fn owner_fence_in(tree: &sled::Tree, p: PartitionId) -> Result<u64, sled::Error> {
+    Ok(tree
+        .get(p.0.to_be_bytes())?
+        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+        .map_or(0, u64::from_be_bytes))
 }
