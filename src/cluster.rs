@@ -32,7 +32,7 @@ pub async fn bind_lease_backend(
                     .context("lease backend etcd")?,
             );
             if config.cluster_node.is_none() {
-                store.use_remote_authority(etcd.clone())?;
+                store.use_remote_authority(etcd.clone()).await?;
             }
             info!(endpoints = ?config.etcd_endpoints, prefix = %config.etcd_prefix, "leases from etcd");
             Ok(Some(etcd))
@@ -137,7 +137,7 @@ struct OwnerValue {
 impl Node {
     /// The cluster node of `palisade serve --cluster-node`, bound to the
     /// store (its leases and appends go through the node from now on).
-    pub fn start(
+    pub async fn start(
         store: Arc<Store>,
         config: &ServeConfig,
         etcd: Arc<EtcdAuthority>,
@@ -190,7 +190,9 @@ impl Node {
         if let Some(u) = &config.cluster_advertise {
             let _ = node.url.set(u.clone());
         }
-        store.use_remote_authority(Arc::new(ClusterAuthority { node: node.clone() }))?;
+        store
+            .use_remote_authority(Arc::new(ClusterAuthority { node: node.clone() }))
+            .await?;
         store.route_appends(node.clone())?;
         info!(node = %node.id, "cluster mode");
         Ok(node)

@@ -388,6 +388,7 @@ impl ServeConfig {
             max_drift: std::time::Duration::from_millis(self.max_drift_ms),
             snapshot_every: self.snapshot_every,
             cache_bytes: self.cache_mb << 20,
+            ..palisade_log::StoreConfig::default()
         }
     }
 

@@ -25,7 +25,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let etcd = crate::cluster::bind_lease_backend(&store, &config).await?;
     // Cluster mode (src/cluster.rs): leases, appends and reads go through the node.
     let node = match (&config.cluster_node, etcd) {
-        (Some(_), Some(etcd)) => Some(crate::cluster::Node::start(store.clone(), &config, etcd)?),
+        (Some(_), Some(etcd)) => {
+            Some(crate::cluster::Node::start(store.clone(), &config, etcd).await?)
+        }
         _ => None,
     };
     let listener = TcpListener::bind(config.listen)

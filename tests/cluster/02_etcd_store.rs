@@ -16,6 +16,7 @@ async fn server_on_etcd(dir: &std::path::Path, etcd: &Etcd, prefix: &str) -> Tes
     server
         .store
         .use_remote_authority(Arc::new(etcd.authority(prefix).await))
+        .await
         .unwrap();
     server
 }
@@ -147,6 +148,7 @@ async fn a_store_keeps_the_authority_its_tokens_came_from_when_installed() {
     let err = server
         .store
         .use_remote_authority(Arc::new(etcd.authority("t02b").await))
+        .await
         .unwrap_err();
     assert!(matches!(err, BackendError::Mismatch { .. }), "{err}");
     server.stop().await;

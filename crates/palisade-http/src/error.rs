@@ -34,6 +34,24 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, error, message)
     }
 
+    /// 503 `storage_failed`: the store stopped acknowledging writes after a
+    /// storage failure (fail-stop) and says which.
+    pub fn storage_failed(f: &palisade_log::StorageFailure) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_failed",
+            f.to_string(),
+        )
+        .with(json!({
+            "failure": {
+                "op": f.op,
+                "kind": f.kind.to_string(),
+                "detail": f.detail,
+                "at_ms": f.at_ms,
+            }
+        }))
+    }
+
     fn with(mut self, details: Value) -> Self {
         self.details = details;
         self
@@ -59,7 +77,9 @@ impl IntoResponse for ApiError {
             b.extend(d);
         }
         let mut resp = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        // A store stopped by a storage failure does not come back by
+        // itself: no Retry-After for it.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE && self.error != "storage_failed" {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -103,6 +123,7 @@ impl From<AppendError> for ApiError {
                 })),
             AppendError::BadPatch(_) | AppendError::BadEvent(_) => Self::bad_request(reason, msg),
             AppendError::Storage(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, reason, msg),
+            AppendError::StorageFailed(f) => Self::storage_failed(&f),
             AppendError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, reason, msg),
             AppendError::NotServing(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, reason, msg),
         }
@@ -129,6 +150,7 @@ impl From<LeaseOpError> for ApiError {
             },
             LeaseOpError::UnknownPartition { .. } => Self::bad_request("unknown_partition", msg),
             LeaseOpError::Storage(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", msg),
+            LeaseOpError::StorageFailed(f) => Self::storage_failed(&f),
             LeaseOpError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "lease_authority_unavailable", msg),
             LeaseOpError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "closed", msg),
         }

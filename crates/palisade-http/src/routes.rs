@@ -130,17 +130,40 @@ pub(crate) async fn operator_page() -> Response {
         .into_response()
 }
 
-/// Liveness.
+/// Health: 200 while the store acknowledges writes; 503 once a storage
+/// failure stopped it (fail-stop: reads still work, writes get 503
+/// `storage_failed`, a restart recovers).
 #[utoipa::path(
     get,
     path = "/healthz",
     tag = "operations",
-    responses((status = 200, description = "The store is serving", body = Health))
+    responses(
+        (status = 200, description = "The store is serving", body = Health),
+        (status = 503, description = "A storage failure stopped the store from acknowledging writes", body = Health)
+    )
 )]
-pub(crate) async fn healthz() -> Json<Health> {
-    Json(Health {
-        status: "ok".to_owned(),
-    })
+pub(crate) async fn healthz(State(s): State<AppState>) -> Response {
+    match s.store.failure() {
+        None => Json(Health {
+            status: "ok".to_owned(),
+            failure: None,
+        })
+        .into_response(),
+        Some(f) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(Health {
+                status: "failed".to_owned(),
+                failure: Some(crate::wire::HealthFailure {
+                    op: f.op.to_owned(),
+                    kind: f.kind.to_string(),
+                    detail: f.detail.clone(),
+                    at_ms: f.at_ms,
+                    message: f.to_string(),
+                }),
+            }),
+        )
+            .into_response(),
+    }
 }
 
 /// Prometheus metrics (text exposition format 0.0.4).

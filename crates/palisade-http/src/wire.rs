@@ -215,11 +215,29 @@ pub struct DeadLetterOut {
     pub value_len: u64,
 }
 
-/// `200` of `GET /healthz`.
+/// `GET /healthz`: `200` with `ok`, or `503` with `failed` and the storage
+/// failure that stopped the store from acknowledging writes.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Health {
-    /// Always `ok`.
+    /// `ok`, or `failed` after a storage failure (restart the store).
     pub status: String,
+    /// What failed, when `status` is `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<HealthFailure>,
+}
+
+/// The storage failure behind a `failed` health.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HealthFailure {
+    /// `wal write`, `wal sync`, `sled apply`, `checkpoint`.
+    pub op: String,
+    /// The OS error kind (e.g. `no storage space`).
+    pub kind: String,
+    pub detail: String,
+    /// When it happened (ms since 1970).
+    pub at_ms: u64,
+    /// For people.
+    pub message: String,
 }
 
 pub(crate) fn hlc_text(h: Hlc) -> String {

@@ -308,7 +308,7 @@ impl ClusterIngester {
                         barrier(&tx).await;
                         let t = owner_token.unwrap_or(0);
                         if t > fence {
-                            store.raise_owner_fence(PartitionId(p), t).map_err(|e| KafkaIngestError::Store(AppendError::Storage(e.to_string())))?;
+                            store.raise_owner_fence(PartitionId(p), t).await.map_err(KafkaIngestError::Store)?;
                             owner_fences.insert(p, t);
                             info!(partition = p, offset = o, owner_token = t, owner = %node, applier_token = token.0, "cluster: owner marker applied");
                         } else {

@@ -14,6 +14,11 @@ const LEASE_PREFIX: u8 = 0x01;
 /// Kept forever (one small record per grant) so that a refused write can be
 /// told which scope its token was granted on.
 const TOKEN_PREFIX: u8 = 0x02;
+/// Prefix of lease deadlines: `0x03 ++ lease_id` -> wall-clock ms (u64 BE)
+/// at which the lease expires, rewritten by every renewal. Read only on
+/// open, so that a lease that had expired before a restart stays expired
+/// after it; while running, expiry is monotonic (`Instant`).
+const DEADLINE_PREFIX: u8 = 0x03;
 
 /// What is persisted of a lease: everything but its monotonic expiry.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -25,6 +30,12 @@ struct LeaseRecord {
     ttl_ms: u64,
 }
 
+/// Changes to make durable in the leases tree, in order: `(key, Some(value))`
+/// puts, `(key, None)` removes. The authority decides; the store writes them
+/// in the same commit round as what depends on them, and answers only once
+/// they are synced.
+pub type LeaseWrites = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum AuthorityError {
     #[error(transparent)]
@@ -35,10 +46,18 @@ pub enum AuthorityError {
     Damaged { key: Vec<u8>, source: CodecError },
 }
 
-/// The durable lease authority: a [`LeaseTable`] whose every grant is on disk
-/// (token counter and lease record in one atomic, flushed batch) before it is
-/// returned. Not thread-safe by itself: callers serialize access (the log's
-/// store keeps it behind a mutex; leases are rare next to appends).
+/// The durable lease authority: a [`LeaseTable`] whose every decision comes
+/// with the writes that make it durable ([`LeaseWrites`]: token counter,
+/// lease record, token index, deadline). Not thread-safe by itself: callers
+/// serialize access (the log's store decides leases on its one sequencer
+/// thread, which orders the counter's writes as it orders the grants).
+///
+/// Time: expiry is decided on a monotonic clock (`Instant`, as [`Millis`]
+/// from the authority's start). The wall-clock milliseconds some calls take
+/// are only *stored*, as each lease's deadline, and only read back on open
+/// (a restart loses every `Instant`): a lease past its deadline then stays
+/// expired, any other one gets what was left of its TTL (never more than
+/// the TTL, whatever the wall clock did).
 #[derive(Debug)]
 pub struct LeaseAuthority {
     tree: sled::Tree,
@@ -48,15 +67,19 @@ pub struct LeaseAuthority {
 }
 
 impl LeaseAuthority {
-    /// Open the authority stored in `tree`, restoring every persisted lease
-    /// with a full TTL from now.
-    pub fn open(tree: sled::Tree) -> Result<Self, AuthorityError> {
+    /// Open the authority stored in `tree` at wall-clock `wall_ms` (ms since
+    /// 1970). Each persisted lease is restored with the rest of its TTL as of
+    /// its stored deadline: none if that passed (it stays expired until it is
+    /// swept or its scope granted again), at most its full TTL. A lease
+    /// without a deadline (written by an older version) gets its full TTL.
+    pub fn open(tree: sled::Tree, wall_ms: u64) -> Result<Self, AuthorityError> {
         let origin = Instant::now();
+        let damaged = |key: &[u8]| AuthorityError::Damaged {
+            key: key.to_vec(),
+            source: CodecError::Empty,
+        };
         let last = match tree.get(COUNTER_KEY)? {
-            Some(v) => FencingToken(decode_u64(&v).ok_or_else(|| AuthorityError::Damaged {
-                key: COUNTER_KEY.to_vec(),
-                source: CodecError::Empty,
-            })?),
+            Some(v) => FencingToken(decode_u64(&v).ok_or_else(|| damaged(COUNTER_KEY))?),
             None => FencingToken(0),
         };
         let mut leases = Vec::new();
@@ -66,16 +89,27 @@ impl LeaseAuthority {
                 key: k.to_vec(),
                 source,
             })?;
-            leases.push(Lease {
-                id: rec.id,
-                scope: rec.scope,
-                holder: rec.holder,
-                token: rec.token,
-                ttl_ms: rec.ttl_ms,
-                expires_at: 0,
-            });
+            let dkey = deadline_key(rec.id);
+            let left_ms = match tree.get(dkey)? {
+                Some(d) => decode_u64(&d)
+                    .ok_or_else(|| damaged(&dkey))?
+                    .saturating_sub(wall_ms)
+                    .min(rec.ttl_ms),
+                None => rec.ttl_ms,
+            };
+            leases.push((
+                Lease {
+                    id: rec.id,
+                    scope: rec.scope,
+                    holder: rec.holder,
+                    token: rec.token,
+                    ttl_ms: rec.ttl_ms,
+                    expires_at: 0,
+                },
+                left_ms,
+            ));
         }
-        let table = LeaseTable::restore(last, leases, Millis(0));
+        let table = LeaseTable::restore_with_remaining(last, leases, Millis(0));
         Ok(Self {
             tree,
             table,
@@ -102,69 +136,61 @@ impl LeaseAuthority {
         self.table.last_token()
     }
 
-    /// Grant a lease and make it durable before returning it.
-    pub fn acquire(&mut self, req: AcquireRequest, id: LeaseId) -> Result<Grant, AuthorityError> {
+    /// Grant a lease; the writes make it durable (counter, record, token
+    /// index, deadline, and the removal of a lease it superseded).
+    pub fn acquire(
+        &mut self,
+        req: AcquireRequest,
+        id: LeaseId,
+        wall_ms: u64,
+    ) -> Result<(Grant, LeaseWrites), AuthorityError> {
         let now = self.now();
-        let before = self.table.clone();
         let grant = self.table.acquire(req, id, now)?;
-        let mut batch = sled::Batch::default();
-        batch.insert(COUNTER_KEY, &grant.lease.token.0.to_be_bytes());
-        batch.insert(
-            lease_key(grant.lease.id).to_vec(),
-            codec::encode(&record(&grant.lease)),
-        );
+        let l = &grant.lease;
+        let mut w: LeaseWrites = vec![
+            (COUNTER_KEY.to_vec(), Some(l.token.0.to_be_bytes().to_vec())),
+            (lease_key(l.id).to_vec(), Some(codec::encode(&record(l)))),
+            (token_key(l.token).to_vec(), Some(codec::encode(&l.scope))),
+            deadline_write(l, wall_ms),
+        ];
         if let Some(old) = grant.replaced {
-            batch.remove(lease_key(old).to_vec());
+            w.push((lease_key(old).to_vec(), None));
+            w.push((deadline_key(old).to_vec(), None));
         }
-        batch.insert(
-            token_key(grant.lease.token).to_vec(),
-            codec::encode(&grant.lease.scope),
-        );
-        if let Err(e) = self.persist(batch) {
-            // Undo the grant but keep the counter where it went: the batch
-            // may have reached the disk, and a token must never be reused.
-            let token = grant.lease.token;
-            self.table = before;
-            self.table =
-                LeaseTable::restore(token, self.table.leases().cloned().collect::<Vec<_>>(), now);
-            return Err(e);
-        }
-        Ok(grant)
+        Ok((grant, w))
     }
 
-    /// Extend a live lease. Nothing to persist: expiry is not stored.
-    pub fn renew(&mut self, id: LeaseId) -> Result<Lease, AuthorityError> {
+    /// Extend a live lease; the write moves its stored deadline.
+    pub fn renew(
+        &mut self,
+        id: LeaseId,
+        wall_ms: u64,
+    ) -> Result<(Lease, LeaseWrites), AuthorityError> {
         let now = self.now();
-        Ok(self.table.renew(id, now)?)
+        let lease = self.table.renew(id, now)?;
+        let w = vec![deadline_write(&lease, wall_ms)];
+        Ok((lease, w))
     }
 
-    /// Release a live lease and delete its record.
-    pub fn release(&mut self, id: LeaseId) -> Result<Lease, AuthorityError> {
+    /// Release a live lease; the writes delete its record.
+    pub fn release(&mut self, id: LeaseId) -> Result<(Lease, LeaseWrites), AuthorityError> {
         let now = self.now();
         let lease = self.table.release(id, now)?;
-        let mut batch = sled::Batch::default();
-        batch.remove(lease_key(id).to_vec());
-        // If this fails the record stays and a restart restores the lease
-        // for one TTL: conservative, never unsafe.
-        self.persist(batch)?;
-        Ok(lease)
+        // Until these are durable a restart restores the lease for what was
+        // left of its TTL: conservative, never unsafe.
+        Ok((lease, removal(id)))
     }
 
-    /// Retire expired leases and delete their records.
-    pub fn sweep(&mut self) -> Result<Vec<Lease>, AuthorityError> {
+    /// Retire expired leases; the writes delete their records.
+    pub fn sweep(&mut self) -> (Vec<Lease>, LeaseWrites) {
         let now = self.now();
         let gone = self.table.expire(now);
-        if !gone.is_empty() {
-            let mut batch = sled::Batch::default();
-            for l in &gone {
-                batch.remove(lease_key(l.id).to_vec());
-            }
-            self.persist(batch)?;
-        }
-        Ok(gone)
+        let w = gone.iter().flat_map(|l| removal(l.id)).collect();
+        (gone, w)
     }
 
-    /// The scope a token was granted on, if this authority issued it.
+    /// The scope a token was granted on, if this authority issued it (and
+    /// its grant is durable).
     pub fn scope_of_token(&self, token: FencingToken) -> Option<Scope> {
         let v = self.tree.get(token_key(token)).ok()??;
         codec::decode(&v).ok()
@@ -177,19 +203,36 @@ impl LeaseAuthority {
     pub fn holder_of(&self, scope: &Scope) -> Option<&Lease> {
         self.table.holder_of(scope, self.now())
     }
-
-    fn persist(&self, batch: sled::Batch) -> Result<(), AuthorityError> {
-        self.tree.apply_batch(batch)?;
-        self.tree.flush()?;
-        Ok(())
-    }
 }
 
 fn lease_key(id: LeaseId) -> [u8; 17] {
+    prefixed_id(LEASE_PREFIX, id)
+}
+
+fn deadline_key(id: LeaseId) -> [u8; 17] {
+    prefixed_id(DEADLINE_PREFIX, id)
+}
+
+fn prefixed_id(prefix: u8, id: LeaseId) -> [u8; 17] {
     let mut k = [0u8; 17];
-    k[0] = LEASE_PREFIX;
+    k[0] = prefix;
     k[1..].copy_from_slice(&id.0.to_be_bytes());
     k
+}
+
+/// The stored deadline of `lease`, renewed or granted at `wall_ms`.
+fn deadline_write(lease: &Lease, wall_ms: u64) -> (Vec<u8>, Option<Vec<u8>>) {
+    (
+        deadline_key(lease.id).to_vec(),
+        Some(wall_ms.saturating_add(lease.ttl_ms).to_be_bytes().to_vec()),
+    )
+}
+
+fn removal(id: LeaseId) -> LeaseWrites {
+    vec![
+        (lease_key(id).to_vec(), None),
+        (deadline_key(id).to_vec(), None),
+    ]
 }
 
 fn token_key(token: FencingToken) -> [u8; 9] {
@@ -226,40 +269,92 @@ mod tests {
         }
     }
 
+    /// What the store does with the writes: apply them (it syncs them first).
+    fn apply(tree: &sled::Tree, w: LeaseWrites) {
+        for (k, v) in w {
+            match v {
+                Some(v) => tree.insert(k, v).unwrap(),
+                None => tree.remove(k).unwrap(),
+            };
+        }
+    }
+
+    const T0: u64 = 1_700_000_000_000;
+
     #[test]
     fn counter_and_leases_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
+        let db = sled::open(dir.path()).unwrap();
+        let tree = db.open_tree("leases").unwrap();
         let (t1, t2);
         {
-            let db = sled::open(dir.path()).unwrap();
-            let mut auth = LeaseAuthority::open(db.open_tree("leases").unwrap()).unwrap();
-            t1 = auth
-                .acquire(req("twin/a", "A", 60_000), LeaseId(1))
-                .unwrap()
-                .lease
-                .token;
-            t2 = auth
-                .acquire(req("twin/b", "B", 60_000), LeaseId(2))
-                .unwrap()
-                .lease
-                .token;
-            auth.release(LeaseId(2)).unwrap();
+            let mut auth = LeaseAuthority::open(tree.clone(), T0).unwrap();
+            let (g, w) = auth
+                .acquire(req("twin/a", "A", 60_000), LeaseId(1), T0)
+                .unwrap();
+            apply(&tree, w);
+            t1 = g.lease.token;
+            let (g, w) = auth
+                .acquire(req("twin/b", "B", 60_000), LeaseId(2), T0)
+                .unwrap();
+            apply(&tree, w);
+            t2 = g.lease.token;
+            let (_, w) = auth.release(LeaseId(2)).unwrap();
+            apply(&tree, w);
         }
-        let db = sled::open(dir.path()).unwrap();
-        let mut auth = LeaseAuthority::open(db.open_tree("leases").unwrap()).unwrap();
+        let mut auth = LeaseAuthority::open(tree.clone(), T0 + 1_000).unwrap();
         assert_eq!(auth.last_token(), t2);
         // A's lease was live: the scope is not granted to someone else...
         assert!(matches!(
-            auth.acquire(req("twin/a", "C", 1000), LeaseId(3)),
+            auth.acquire(req("twin/a", "C", 1000), LeaseId(3), T0 + 1_000),
             Err(AuthorityError::Lease(LeaseError::Held { .. }))
         ));
-        // ...but A can renew it by id, and B's released scope is free.
-        assert_eq!(auth.renew(LeaseId(1)).unwrap().token, t1);
-        let t3 = auth
-            .acquire(req("twin/b", "C", 1000), LeaseId(4))
-            .unwrap()
-            .lease
-            .token;
-        assert!(t3 > t2);
+        // ...for what was left of its TTL, not a fresh one...
+        let left = auth.get(LeaseId(1)).unwrap().expires_in_ms(auth.now());
+        assert!(left <= 59_000, "{left}");
+        // ...A can renew it by id, and B's released scope is free.
+        assert_eq!(auth.renew(LeaseId(1), T0 + 1_000).unwrap().0.token, t1);
+        let (g, _) = auth
+            .acquire(req("twin/b", "C", 1000), LeaseId(4), T0 + 1_000)
+            .unwrap();
+        assert!(g.lease.token > t2);
+    }
+
+    /// Issue 18: a lease that expired before a restart must not come back
+    /// after it (renew refused, scope free for another holder).
+    #[test]
+    fn a_lease_expired_before_a_restart_stays_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::open(dir.path()).unwrap();
+        let tree = db.open_tree("leases").unwrap();
+        let mut auth = LeaseAuthority::open(tree.clone(), T0).unwrap();
+        let (_, w) = auth
+            .acquire(req("twin/a", "A", 200), LeaseId(1), T0)
+            .unwrap();
+        apply(&tree, w);
+        let (_, w) = auth
+            .acquire(req("twin/k", "K", 10_000), LeaseId(2), T0)
+            .unwrap();
+        apply(&tree, w);
+        // K renews at T0 + 5 s: its deadline moves to T0 + 15 s.
+        let (_, w) = auth.renew(LeaseId(2), T0 + 5_000).unwrap();
+        apply(&tree, w);
+        drop(auth);
+        // Restart at T0 + 500 ms: A's 200 ms were over.
+        let mut auth = LeaseAuthority::open(tree.clone(), T0 + 500).unwrap();
+        assert!(matches!(
+            auth.renew(LeaseId(1), T0 + 500),
+            Err(AuthorityError::Lease(LeaseError::Expired(_)))
+        ));
+        assert!(auth
+            .acquire(req("twin/a", "B", 1000), LeaseId(3), T0 + 500)
+            .is_ok());
+        // K is live, with at most its TTL left.
+        let k = auth.get(LeaseId(2)).unwrap();
+        assert!(k.expires_in_ms(auth.now()) > 0 && k.expires_in_ms(auth.now()) <= 10_000);
+        // A wall clock far behind the deadlines never grants more than the TTL.
+        drop(auth);
+        let auth = LeaseAuthority::open(tree, T0 - 3_600_000).unwrap();
+        assert!(auth.get(LeaseId(2)).unwrap().expires_in_ms(auth.now()) <= 10_000);
     }
 }

@@ -7,9 +7,11 @@
 //!
 //! - [`LeaseTable`]: the decisions, a pure state machine. Every call takes the
 //!   current monotonic time as [`Millis`]; no disk, no clock, no sleeps.
-//! - [`LeaseAuthority`]: the thin durable shell. It asks the table, persists
-//!   the outcome in a sled tree (token counter and lease records in one atomic
-//!   batch, flushed) and only then returns it.
+//! - [`LeaseAuthority`]: the thin durable shell. It asks the table and
+//!   returns each outcome with the writes that make it durable (token
+//!   counter, lease record, token index, deadline: [`LeaseWrites`]); the
+//!   store commits them in the same synced round as the fence they raise,
+//!   and answers only after that.
 //!
 //! - [`RemoteAuthority`]: the seam for an authority outside the store (etcd,
 //!   in `palisade-etcd`), chosen by configuration; the embedded one stays the
@@ -41,7 +43,7 @@ mod authority;
 mod remote;
 mod table;
 
-pub use authority::{AuthorityError, LeaseAuthority};
+pub use authority::{AuthorityError, LeaseAuthority, LeaseWrites};
 pub use remote::{BoxFuture, RemoteAuthority, RemoteError};
 pub use table::{
     AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis, MAX_HOLDER_LEN, MAX_TTL_MS,

@@ -145,18 +145,36 @@ impl LeaseTable {
         }
     }
 
-    /// Rebuild after a restart from persisted leases. Each lease that was
-    /// live before gets a full TTL from `now`: the store cannot know how much
-    /// of it had passed (monotonic time does not survive a restart), and
-    /// granting the scope early could hand a live holder's scope away.
+    /// Rebuild after a restart from persisted leases, each with a full TTL
+    /// from `now` (see [`LeaseTable::restore_with_remaining`]).
     pub fn restore(
         last_token: FencingToken,
         leases: impl IntoIterator<Item = Lease>,
         now: Millis,
     ) -> Self {
+        Self::restore_with_remaining(
+            last_token,
+            leases.into_iter().map(|l| {
+                let ttl = l.ttl_ms;
+                (l, ttl)
+            }),
+            now,
+        )
+    }
+
+    /// Rebuild after a restart from persisted leases, each given with the
+    /// milliseconds it has left from `now` (monotonic time does not survive a
+    /// restart, so the caller works this out from what it stored; at most the
+    /// lease's TTL). A lease with 0 left is restored expired: renewals are
+    /// refused and its scope is free, until a sweep retires it.
+    pub fn restore_with_remaining(
+        last_token: FencingToken,
+        leases: impl IntoIterator<Item = (Lease, u64)>,
+        now: Millis,
+    ) -> Self {
         let mut table = Self::new(last_token);
-        for mut lease in leases {
-            lease.expires_at = now.plus(lease.ttl_ms).0;
+        for (mut lease, left_ms) in leases {
+            lease.expires_at = now.plus(left_ms.min(lease.ttl_ms)).0;
             table.last_token = table.last_token.max(lease.token.0);
             table.by_id.insert(lease.id, lease.scope.clone());
             table.by_scope.insert(lease.scope.clone(), lease);

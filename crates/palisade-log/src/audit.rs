@@ -4,7 +4,10 @@
 //! granted while authentication is on.
 //!
 //! Both live in their own sled trees (`audit`, `token_owners`), never in a
-//! partition tree, so they add nothing to the append path. The record layout
+//! partition tree. Their writes go through the store's commit path like
+//! every other write (the write-ahead log, then sled), so a record is
+//! durable once a round carrying it is synced: [`AuditLog::flush`] waits for
+//! that, [`AuditLog::bind_token`] and [`AuditLog::bind_lease`] too. The record layout
 //! is documented byte by byte in `docs/on-disk-format.md` ("Audit log").
 //!
 //! Records are numbered by a counter that only grows; the oldest are pruned
@@ -14,12 +17,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 
 use palisade_core::FencingToken;
 use tracing::warn;
 
+use crate::commit::{StorageFailure, Trees};
 use crate::ingest::now_ms;
+use crate::wal::TreeId;
+use crate::writer::{Command, RawWrite};
 
 /// Records kept by default; the oldest are pruned past this.
 pub const DEFAULT_AUDIT_MAX_RECORDS: u64 = 1_000_000;
@@ -139,6 +145,8 @@ pub struct AuditRecord {
 pub enum AuditError {
     #[error("audit log storage: {0}")]
     Storage(#[from] sled::Error),
+    #[error(transparent)]
+    Failed(#[from] crate::StorageFailure),
     #[error("audit record {seq} is damaged")]
     Damaged { seq: u64 },
 }
@@ -148,6 +156,8 @@ pub enum AuditError {
 pub struct AuditLog {
     records: sled::Tree,
     owners: sled::Tree,
+    /// The store's sequencer, which stages every write into a commit round.
+    tx: mpsc::Sender<Command>,
     next: AtomicU64,
     /// The oldest seq kept (records below it were pruned): with `next`, the
     /// record count without scanning the tree (`Tree::len` is a full scan).
@@ -229,10 +239,10 @@ impl AuditRecord {
 }
 
 impl AuditLog {
-    /// Open (or create) the `audit` and `token_owners` trees of `db`.
-    pub fn open(db: &sled::Db) -> Result<Self, sled::Error> {
-        let records = db.open_tree("audit")?;
-        let owners = db.open_tree("token_owners")?;
+    /// Open the `audit` and `token_owners` trees; writes go to `tx`.
+    pub(crate) fn open(trees: &Trees, tx: mpsc::Sender<Command>) -> Result<Self, sled::Error> {
+        let records = trees.audit.clone();
+        let owners = trees.token_owners.clone();
         let next = match records.last()? {
             Some((k, _)) => <[u8; 8]>::try_from(k.as_ref())
                 .map(u64::from_be_bytes)
@@ -249,6 +259,7 @@ impl AuditLog {
         Ok(Self {
             records,
             owners,
+            tx,
             next: AtomicU64::new(next),
             first: AtomicU64::new(first),
             max_records: AtomicU64::new(DEFAULT_AUDIT_MAX_RECORDS),
@@ -273,9 +284,14 @@ impl AuditLog {
         if r.at_ms == 0 {
             r.at_ms = now_ms();
         }
-        if let Err(e) = self.records.insert(seq.to_be_bytes(), r.encode()) {
-            warn!(error = %e, "audit record lost");
-        }
+        self.write(
+            vec![RawWrite {
+                tree: TreeId::AUDIT,
+                key: seq.to_be_bytes().to_vec(),
+                value: Some(r.encode()),
+            }],
+            None,
+        );
         *self
             .counts
             .lock()
@@ -296,21 +312,47 @@ impl AuditLog {
             return;
         };
         let keep_from = last.saturating_sub(cap - 1);
-        for k in self
-            .records
-            .range(first.to_be_bytes()..keep_from.to_be_bytes())
-            .keys()
-            .flatten()
-        {
-            let _ = self.records.remove(k);
-        }
+        // By key range, not by what sled holds yet: records of rounds still
+        // being synced are pruned too.
+        let removes = (first..keep_from)
+            .map(|seq| RawWrite {
+                tree: TreeId::AUDIT,
+                key: seq.to_be_bytes().to_vec(),
+                value: None,
+            })
+            .collect();
+        self.write(removes, None);
         self.first.fetch_max(keep_from, Ordering::SeqCst);
+    }
+
+    /// Stage writes in the next commit round; `reply` answers once durable.
+    fn write(
+        &self,
+        writes: Vec<RawWrite>,
+        reply: Option<tokio::sync::oneshot::Sender<Result<(), StorageFailure>>>,
+    ) {
+        if self.tx.send(Command::Write { writes, reply }).is_err() {
+            warn!("audit record lost: the store is shutting down");
+        }
+    }
+
+    /// Stage writes and wait until they are durable.
+    async fn write_durably(&self, writes: Vec<RawWrite>) -> Result<(), AuditError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.write(writes, Some(reply));
+        match rx.await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(AuditError::Failed(StorageFailure::new(
+                "closed",
+                std::io::ErrorKind::BrokenPipe,
+                "the store is shutting down".into(),
+            ))),
+        }
     }
 
     /// Make every record so far durable.
     pub async fn flush(&self) -> Result<(), AuditError> {
-        self.records.flush_async().await?;
-        Ok(())
+        self.write_durably(Vec::new()).await
     }
 
     /// Records with a seq above `after`, oldest first.
@@ -332,10 +374,12 @@ impl AuditLog {
     /// Bind `token` to the principal that was granted it, durably (flushed
     /// before returning, so the token never reaches its holder unbound).
     pub async fn bind_token(&self, token: FencingToken, principal: &str) -> Result<(), AuditError> {
-        self.owners
-            .insert(token.0.to_be_bytes(), principal.as_bytes())?;
-        self.owners.flush_async().await?;
-        Ok(())
+        self.write_durably(vec![RawWrite {
+            tree: TreeId::TOKEN_OWNERS,
+            key: token.0.to_be_bytes().to_vec(),
+            value: Some(principal.as_bytes().to_vec()),
+        }])
+        .await
     }
 
     /// Bind lease `id` to the principal that was granted it, durably, like
@@ -343,9 +387,12 @@ impl AuditLog {
     /// Renewals and releases are checked against this, whichever lease
     /// backend holds the lease.
     pub async fn bind_lease(&self, id: u128, principal: &str) -> Result<(), AuditError> {
-        self.owners.insert(id.to_be_bytes(), principal.as_bytes())?;
-        self.owners.flush_async().await?;
-        Ok(())
+        self.write_durably(vec![RawWrite {
+            tree: TreeId::TOKEN_OWNERS,
+            key: id.to_be_bytes().to_vec(),
+            value: Some(principal.as_bytes().to_vec()),
+        }])
+        .await
     }
 
     /// The principal lease `id` was granted to, if granted with
@@ -428,22 +475,27 @@ mod tests {
         assert_eq!(AuditRecord::decode(0, &longer), None);
     }
 
-    #[test]
-    fn seqs_grow_across_reopen_and_the_cap_prunes_the_oldest() {
+    #[tokio::test]
+    async fn seqs_grow_across_reopen_and_the_cap_prunes_the_oldest() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::open(dir.path()).unwrap();
-        let log = AuditLog::open(&db).unwrap();
-        log.set_max_records(3);
-        for i in 0..5 {
-            log.record(rec(&format!("p{i}")));
+        {
+            let store = crate::Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+            let log = store.audit();
+            log.set_max_records(3);
+            for i in 0..5 {
+                log.record(rec(&format!("p{i}")));
+            }
+            log.flush().await.unwrap();
+            let all = log.list(0, 100).unwrap();
+            let names: Vec<_> = all.iter().map(|r| r.principal.as_str()).collect();
+            assert_eq!(names, ["p2", "p3", "p4"]);
+            assert_eq!(all[0].seq, 3);
+            store.close().await;
         }
-        let all = log.list(0, 100).unwrap();
-        let names: Vec<_> = all.iter().map(|r| r.principal.as_str()).collect();
-        assert_eq!(names, ["p2", "p3", "p4"]);
-        assert_eq!(all[0].seq, 3);
-        drop(log);
-        let log = AuditLog::open(&db).unwrap();
-        assert_eq!(log.record(rec("again")), 6);
-        assert_eq!(log.list(5, 100).unwrap().len(), 1);
+        let store = crate::Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        assert_eq!(store.audit().record(rec("again")), 6);
+        store.audit().flush().await.unwrap();
+        assert_eq!(store.audit().list(5, 100).unwrap().len(), 1);
+        store.close().await;
     }
 }

@@ -20,6 +20,7 @@ use palisade_core::{codec, Event, FencingToken, Hlc, TwinId};
 
 use crate::error::OpenError;
 use crate::keys;
+use crate::wal::{Ops, TreeId};
 
 /// One event of a batch; its sequence number is the batch's first plus its
 /// index.
@@ -116,11 +117,12 @@ impl Batches {
         ));
     }
 
-    /// Stage every batch in `batch`: its value and its history entry.
-    pub fn write_into(self, batch: &mut sled::Batch) {
+    /// Stage every batch into a commit round's ops: its value, then its
+    /// history entry (readers stop at the published head anyway).
+    pub fn stage(self, tree: TreeId, ops: &mut Ops) {
         for (first, b) in self.done.into_iter().chain(self.open) {
-            batch.insert(keys::history(&b.twin_id, first), &[][..]);
-            batch.insert(&keys::event(first)[..], codec::encode(&b));
+            ops.put(tree, &keys::event(first), &codec::encode(&b));
+            ops.put(tree, &keys::history(&b.twin_id, first), &[]);
         }
     }
 }

@@ -11,7 +11,8 @@ use tokio::sync::oneshot;
 use tracing::warn;
 
 use crate::error::{AppendError, LeaseOpError};
-use crate::writer::Command;
+use crate::wal::TreeId;
+use crate::writer::{Command, RawWrite};
 use crate::{Appended, Store};
 
 /// Meta key naming the lease authority a store's tokens come from. Tokens of
@@ -43,7 +44,7 @@ pub trait AppendRoute: Send + Sync + std::fmt::Debug {
 }
 
 /// Tree of cluster-mode state: each partition's owner fence.
-const CLUSTER_TREE: &str = "cluster";
+pub(crate) const CLUSTER_TREE: &str = "cluster";
 
 impl Store {
     /// Send every append through `route` from now on (cluster mode; once,
@@ -57,29 +58,36 @@ impl Store {
     /// The highest owner token seen in partition `p`'s source log (cluster
     /// mode): records produced under a lower owner token are refused.
     pub fn owner_fence(&self, p: PartitionId) -> Result<u64, sled::Error> {
-        owner_fence_in(&self.db.open_tree(CLUSTER_TREE)?, p)
+        crate::writer::owner_fence_in(&self.trees.cluster, p)
     }
 
     /// Raise partition `p`'s owner fence to `token` (never lowers it),
-    /// durably, before returning.
-    pub fn raise_owner_fence(&self, p: PartitionId, token: u64) -> Result<(), sled::Error> {
-        let tree = self.db.open_tree(CLUSTER_TREE)?;
-        if owner_fence_in(&tree, p)? < token {
-            tree.insert(p.0.to_be_bytes(), &token.to_be_bytes())?;
-            tree.flush()?;
+    /// durably, before returning: decided by the partition's state machine,
+    /// in the order of its other writes.
+    pub async fn raise_owner_fence(&self, p: PartitionId, token: u64) -> Result<(), AppendError> {
+        if p.0 >= self.partitions {
+            return Err(AppendError::BadEvent(format!(
+                "partition {p} does not exist; the store has {} partitions",
+                self.partitions
+            )));
         }
-        Ok(())
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::OwnerFence {
+            partition: p,
+            token,
+            reply,
+        })
+        .map_err(|_| AppendError::Closed)?;
+        rx.await.map_err(|_| AppendError::Closed)?
     }
 
     /// The lease authority recorded for this store's tokens: `"embedded"`
     /// unless a remote one was bound to it.
     pub fn lease_backend(&self) -> Result<String, BackendError> {
-        let meta = self
-            .db
-            .open_tree("meta")
-            .map_err(|e| BackendError::Storage(e.to_string()))?;
         Ok(
-            match meta
+            match self
+                .trees
+                .meta
                 .get(LEASE_BACKEND_KEY)
                 .map_err(|e| BackendError::Storage(e.to_string()))?
             {
@@ -104,7 +112,7 @@ impl Store {
     /// Hand every lease operation to `authority` from now on (once, at
     /// start-up, before serving). Refused for a store whose tokens came from
     /// another authority; a new store records the choice durably.
-    pub fn use_remote_authority(
+    pub async fn use_remote_authority(
         &self,
         authority: Arc<dyn RemoteAuthority>,
     ) -> Result<(), BackendError> {
@@ -118,12 +126,18 @@ impl Store {
             });
         }
         if recorded != name {
-            let meta = self
-                .db
-                .open_tree("meta")
-                .map_err(|e| BackendError::Storage(e.to_string()))?;
-            meta.insert(LEASE_BACKEND_KEY, name.as_bytes())
-                .and_then(|_| meta.flush())
+            let (reply, rx) = oneshot::channel();
+            self.send(Command::Write {
+                writes: vec![RawWrite {
+                    tree: TreeId::META,
+                    key: LEASE_BACKEND_KEY.to_vec(),
+                    value: Some(name.as_bytes().to_vec()),
+                }],
+                reply: Some(reply),
+            })
+            .map_err(|_| BackendError::Storage("the store is shutting down".into()))?;
+            rx.await
+                .map_err(|_| BackendError::Storage("the store is shutting down".into()))?
                 .map_err(|e| BackendError::Storage(e.to_string()))?;
         }
         self.remote
@@ -149,21 +163,15 @@ impl Store {
                 partitions: self.partitions,
             });
         }
-        self.last_token
-            .fetch_max(token.0, std::sync::atomic::Ordering::SeqCst);
         let (reply, rx) = oneshot::channel();
-        self.writer(p)
-            .send(Command::Grant {
-                token,
-                scope,
-                holder,
-                reply,
-            })
-            .await
-            .map_err(|_| LeaseOpError::Closed)?;
-        rx.await
-            .map_err(|_| LeaseOpError::Closed)?
-            .map_err(LeaseOpError::Storage)
+        self.send(Command::Grant {
+            token,
+            scope,
+            holder,
+            reply,
+        })
+        .map_err(|_| LeaseOpError::Closed)?;
+        rx.await.map_err(|_| LeaseOpError::Closed)?
     }
 
     pub(crate) async fn remote_acquire(
@@ -220,12 +228,4 @@ impl Store {
             }
         }
     }
-}
-
-/// Partition `p`'s owner fence as stored in the `cluster` tree (0: none).
-fn owner_fence_in(tree: &sled::Tree, p: PartitionId) -> Result<u64, sled::Error> {
-    Ok(tree
-        .get(p.0.to_be_bytes())?
-        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
-        .map_or(0, u64::from_be_bytes))
 }

@@ -3,6 +3,8 @@ use palisade_core::{ClockDrift, FencingToken, PartitionId, Scope, TwinId};
 use palisade_lease::LeaseError;
 use palisade_twin::PatchError;
 
+use crate::commit::StorageFailure;
+
 /// Why an append was refused. Every refusal leaves the store unchanged: the
 /// whole request is checked before any of it is written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,8 +30,14 @@ pub enum AppendError {
     BadPatch(#[from] PatchError),
     #[error("bad event: {0}")]
     BadEvent(String),
+    /// A record could not be read (a damaged twin record, a sled read
+    /// error): this request is refused, the store goes on.
     #[error("storage failed, nothing was acknowledged: {0}")]
     Storage(String),
+    /// The store stopped acknowledging writes after a storage failure
+    /// (fail-stop): HTTP 503 until it is restarted.
+    #[error(transparent)]
+    StorageFailed(#[from] StorageFailure),
     #[error("the store is shutting down")]
     Closed,
     /// Cluster mode: this node does not (or no longer) serve the twin's
@@ -50,6 +58,7 @@ impl AppendError {
             AppendError::BadPatch(_) => "bad_patch",
             AppendError::BadEvent(_) => "bad_event",
             AppendError::Storage(_) => "storage",
+            AppendError::StorageFailed(_) => "storage_failed",
             AppendError::Closed => "closed",
             AppendError::NotServing(_) => "not_serving",
         }
@@ -71,6 +80,9 @@ pub enum LeaseOpError {
     },
     #[error("lease storage failed: {0}")]
     Storage(String),
+    /// The store stopped acknowledging writes after a storage failure.
+    #[error(transparent)]
+    StorageFailed(#[from] StorageFailure),
     /// The remote lease authority (etcd) could not be reached.
     #[error("{0}")]
     Unavailable(String),
@@ -105,8 +117,12 @@ pub enum OpenError {
     },
     #[error("lease authority: {0}")]
     Lease(#[from] palisade_lease::AuthorityError),
-    #[error("cannot start partition writer thread: {0}")]
+    #[error("cannot start the store's threads: {0}")]
     Thread(std::io::Error),
+    #[error("cannot recover the store's write-ahead log: {0}. See docs/operations.md (recovery)")]
+    Wal(#[from] crate::commit::RecoverError),
+    #[error("cannot start the store's write-ahead log: {0}")]
+    WalStart(#[from] crate::wal::WalError),
 }
 
 /// Why a read failed.

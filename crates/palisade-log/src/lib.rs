@@ -47,20 +47,25 @@
 
 mod audit;
 mod batch;
+mod cache;
 mod cluster;
+mod commit;
 mod error;
+pub mod fence;
 mod ingest;
 mod keys;
 mod metrics;
 mod read;
 mod records;
 mod store;
+mod wal;
 mod writer;
 
 pub use audit::{
     AuditAction, AuditError, AuditLog, AuditOutcome, AuditRecord, DEFAULT_AUDIT_MAX_RECORDS,
 };
 pub use cluster::{AppendRoute, BackendError};
+pub use commit::{CommitHooks, RecoverError, StorageFailure};
 pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
 pub use ingest::{
     DeadLetter, IngestOutcome, IngestRecord, Rejection, DEAD_LETTERS_PER_PARTITION,
@@ -69,4 +74,5 @@ pub use ingest::{
 pub use metrics::Metrics;
 pub use read::{AsOf, PartitionInfo, TwinView};
 pub use store::{Store, StoreConfig, DEFAULT_PARTITIONS, MAX_PARTITIONS};
+pub use wal::{WalDamage, WalError};
 pub use writer::Appended;

@@ -14,8 +14,12 @@ use std::time::Duration;
 const FLUSH_BUCKETS: [f64; 12] = [
     0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
-/// Upper bounds of the batch-size histogram (requests per flush).
+/// Upper bounds of the batch-size histogram (requests per sync).
 const BATCH_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 512.0];
+/// Upper bounds (seconds) of the acknowledged-append latency histogram.
+const ACK_BUCKETS: [f64; 14] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
 
 #[derive(Debug)]
 struct Histogram {
@@ -75,6 +79,9 @@ pub struct Metrics {
     lease_refusals: Mutex<BTreeMap<&'static str, u64>>,
     flush_seconds: Histogram,
     batch_requests: Histogram,
+    ack_seconds: Histogram,
+    checkpoint_seconds: Histogram,
+    segments_removed: AtomicU64,
     /// Metrics of other layers (the Kafka ingester): name -> family.
     extra: Mutex<BTreeMap<&'static str, Family>>,
 }
@@ -119,6 +126,9 @@ impl Default for Metrics {
             lease_refusals: Mutex::new(BTreeMap::new()),
             flush_seconds: Histogram::new(&FLUSH_BUCKETS),
             batch_requests: Histogram::new(&BATCH_BUCKETS),
+            ack_seconds: Histogram::new(&ACK_BUCKETS),
+            checkpoint_seconds: Histogram::new(&FLUSH_BUCKETS),
+            segments_removed: AtomicU64::new(0),
             extra: Mutex::new(BTreeMap::new()),
         }
     }
@@ -139,10 +149,22 @@ impl Metrics {
         bump(&self.lease_refusals, reason);
     }
 
+    /// One write + `fdatasync` of the log, acknowledging `requests`.
     pub(crate) fn flushed(&self, took: Duration, requests: usize) {
         self.flush_seconds.observe(took.as_secs_f64());
         #[allow(clippy::cast_precision_loss)]
         self.batch_requests.observe(requests as f64);
+    }
+
+    /// An append acknowledged `took` after the store received it.
+    pub(crate) fn acknowledged(&self, took: Duration) {
+        self.ack_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A checkpoint (sled flushed and synced) that removed `segments`.
+    pub(crate) fn checkpointed(&self, took: Duration, segments: u64) {
+        self.checkpoint_seconds.observe(took.as_secs_f64());
+        self.segments_removed.fetch_add(segments, Relaxed);
     }
 
     /// Count of appends refused for `reason` (see `AppendError::reason`).
@@ -280,12 +302,27 @@ impl Metrics {
         self.flush_seconds.render(
             &mut out,
             "palisade_flush_seconds",
-            "Time to apply and flush one group-commit batch.",
+            "Time to write and fdatasync one group of commit rounds to the write-ahead log (one sync for every partition).",
         );
         self.batch_requests.render(
             &mut out,
             "palisade_flush_batch_requests",
-            "Requests committed by one flush.",
+            "Requests acknowledged by one write-ahead log sync.",
+        );
+        self.ack_seconds.render(
+            &mut out,
+            "palisade_append_ack_seconds",
+            "Time from an append request reaching the store to its acknowledgement (durable).",
+        );
+        self.checkpoint_seconds.render(
+            &mut out,
+            "palisade_checkpoint_seconds",
+            "Time to make sled durable (flush, fsync of its files) and trim the write-ahead log.",
+        );
+        let _ = writeln!(
+            out,
+            "# HELP palisade_wal_segments_removed_total Write-ahead log segments deleted after a checkpoint.\n# TYPE palisade_wal_segments_removed_total counter\npalisade_wal_segments_removed_total {}",
+            self.segments_removed.load(Relaxed)
         );
         out
     }

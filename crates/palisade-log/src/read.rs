@@ -1,7 +1,12 @@
 //! Reads: twin state (current or as of a sequence number or HLC time), twin
-//! history, partition tails and partition summaries. Reads go straight to
-//! sled; they never pass through a writer. Async callers use the `*_async`
-//! variants, which run the same read on tokio's blocking pool.
+//! history, partition tails and partition summaries. Reads never pass
+//! through the sequencer, and never go past the durable head: the latest
+//! state of a recently written twin comes from the read cache, which the
+//! commit path fills only after a round is synced and applied; everything
+//! else comes from sled, which holds only synced rounds, cut at each
+//! partition's published head (a round being applied is not read halfway).
+//! Async callers use the `*_async` variants, which run sled reads on tokio's
+//! blocking pool (a cache hit needs no disk and is answered at once).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -68,10 +73,8 @@ fn get_decoded<T: bincode::Decode<()>>(
     }
 }
 
-/// Run a read on tokio's blocking pool. A sled read can wait on sled's
-/// process-wide batch lock while any partition writer is in `apply_batch`;
-/// on an async worker that wait would stall every connection the worker
-/// serves (docs/benchmarks.md, "Reads under write load").
+/// Run a read on tokio's blocking pool: a sled read may wait for the disk,
+/// which on an async worker would stall every connection it serves.
 async fn off_worker<T: Send + 'static>(
     read: impl FnOnce() -> Result<T, ReadError> + Send + 'static,
 ) -> Result<T, ReadError> {
@@ -88,6 +91,7 @@ async fn off_worker<T: Send + 'static>(
 impl Store {
     fn tree(&self, p: PartitionId) -> Result<&sled::Tree, ReadError> {
         self.trees
+            .partitions
             .get(p.0 as usize)
             .ok_or(ReadError::UnknownPartition {
                 partition: p.0,
@@ -98,18 +102,48 @@ impl Store {
     /// A twin's state; `None` if the twin has no events (as of `at`).
     pub fn twin(&self, twin: &TwinId, at: AsOf) -> Result<Option<TwinView>, ReadError> {
         let partition = self.partition_of(twin);
-        let tree = self.tree(partition)?;
-        let Some(rec) = get_decoded::<TwinRecord>(tree, &keys::twin(twin))? else {
+        let Some(rec) = self.twin_record(partition, twin)? else {
             return Ok(None);
         };
+        self.twin_view(partition, twin, &rec, at)
+    }
+
+    /// The twin's latest durable record: from the read cache, else sled.
+    fn twin_record(
+        &self,
+        partition: PartitionId,
+        twin: &TwinId,
+    ) -> Result<Option<Arc<TwinRecord>>, ReadError> {
+        if let Some(rec) = self.commit.cache.get(partition, twin) {
+            return Ok(Some(rec));
+        }
+        let tree = self.tree(partition)?;
+        Ok(get_decoded::<TwinRecord>(tree, &keys::twin(twin))?.map(Arc::new))
+    }
+
+    fn twin_view(
+        &self,
+        partition: PartitionId,
+        twin: &TwinId,
+        rec: &TwinRecord,
+        at: AsOf,
+    ) -> Result<Option<TwinView>, ReadError> {
         if rec.version == 0 {
             return Ok(None);
         }
+        let tree = self.tree(partition)?;
+        let past;
         let (version, state) = match at {
-            AsOf::Latest => (rec.version, rec.state),
-            AsOf::Seq(s) if s >= rec.version => (rec.version, rec.state),
-            AsOf::Seq(s) => self.state_at_seq(tree, twin, s)?,
-            AsOf::Hlc(h) => self.state_at_hlc(tree, twin, h)?,
+            AsOf::Latest => (rec.version, &rec.state),
+            AsOf::Seq(s) if s >= rec.version => (rec.version, &rec.state),
+            AsOf::Seq(s) => {
+                past = self.state_at_seq(tree, twin, s)?;
+                (past.0, &past.1)
+            }
+            AsOf::Hlc(h) => {
+                past = self.state_at_hlc(tree, twin, h)?;
+                (past.0, &past.1)
+            }
         };
         if version == 0 {
             return Ok(None);
@@ -124,6 +158,11 @@ impl Store {
         }))
     }
 
+    /// Partition `p`'s published durable head: reads never go past it.
+    fn head(&self, p: PartitionId) -> u64 {
+        self.heads.get(p.0 as usize).map_or(0, |h| *h.borrow())
+    }
+
     /// Latest snapshot at or before `seq`, then the twin's later events up to `seq`.
     fn state_at_seq(
         &self,
@@ -131,6 +170,7 @@ impl Store {
         twin: &TwinId,
         seq: u64,
     ) -> Result<(u64, TwinState), ReadError> {
+        let seq = seq.min(self.head(self.partition_of(twin)));
         let (mut version, mut state) = (0, TwinState::new());
         if let Some(kv) = tree
             .range(keys::snapshot_prefix(twin)..=keys::snapshot(twin, seq))
@@ -158,9 +198,13 @@ impl Store {
         twin: &TwinId,
         at: Hlc,
     ) -> Result<(u64, TwinState), ReadError> {
+        let head = self.head(self.partition_of(twin));
         let (mut version, mut state, mut from) = (0, TwinState::new(), 0);
         for kv in tree.scan_prefix(keys::snapshot_prefix(twin)).rev() {
             let (k, v) = kv?;
+            if keys::trailing_seq(&k).is_none_or(|s| s > head) {
+                continue;
+            }
             let snap: Snapshot = codec::decode(&v).map_err(|e| damaged(&k, e))?;
             if snap.max_hlc.is_none_or(|m| m <= at) {
                 from = keys::trailing_seq(&k).unwrap_or(0);
@@ -189,6 +233,7 @@ impl Store {
         after: u64,
         upto: u64,
     ) -> Result<impl Iterator<Item = Result<Event, ReadError>> + 'a, ReadError> {
+        let upto = upto.min(self.head(self.partition_of(twin)));
         let from = after.saturating_add(1);
         let empty = after >= upto;
         // The batch holding `from` may start before it.
@@ -240,7 +285,8 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Event>, ReadError> {
         let tree = self.tree(p)?;
-        if after == u64::MAX {
+        let head = self.head(p);
+        if after >= head {
             return Ok(Vec::new());
         }
         let from = after + 1;
@@ -250,22 +296,26 @@ impl Store {
             None => keys::event(from).to_vec(),
         };
         let mut out = Vec::with_capacity(limit.min(1024));
-        for kv in tree.range(start..=keys::event(u64::MAX).to_vec()) {
+        for kv in tree.range(start..=keys::event(head).to_vec()) {
             if out.len() >= limit {
                 break;
             }
             let (k, v) = kv?;
             let first = keys::seq_of_event_key(&k).unwrap_or(0);
             let b: EventBatch = codec::decode(&v).map_err(|e| damaged(&k, e))?;
-            out.extend(b.events_from(first, from).take(limit - out.len()));
+            out.extend(
+                b.events_from(first, from)
+                    .take_while(|e| e.seq <= head)
+                    .take(limit - out.len()),
+            );
         }
         Ok(out)
     }
 
     /// Every partition's fence, head and owner.
     pub fn partition_infos(&self) -> Result<Vec<PartitionInfo>, ReadError> {
-        let mut out = Vec::with_capacity(self.trees.len());
-        for (i, tree) in self.trees.iter().enumerate() {
+        let mut out = Vec::with_capacity(self.trees.partitions.len());
+        for (i, tree) in self.trees.partitions.iter().enumerate() {
             let p = PartitionId(u32::try_from(i).unwrap_or(u32::MAX));
             let meta: PartitionMeta = get_decoded(tree, &keys::META_KEY)?.unwrap_or_default();
             out.push(PartitionInfo {
@@ -284,6 +334,10 @@ impl Store {
         twin: &TwinId,
         at: AsOf,
     ) -> Result<Option<TwinView>, ReadError> {
+        let partition = self.partition_of(twin);
+        if let (AsOf::Latest, Some(rec)) = (at, self.commit.cache.get(partition, twin)) {
+            return self.twin_view(partition, twin, &rec, at);
+        }
         let (store, twin) = (self.clone(), twin.clone());
         off_worker(move || store.twin(&twin, at)).await
     }
@@ -329,9 +383,9 @@ impl Store {
 
     /// A twin's current fence (0 if no grant or write has touched it).
     pub fn twin_fence(&self, twin: &TwinId) -> Result<FencingToken, ReadError> {
-        let tree = self.tree(self.partition_of(twin))?;
         Ok(FencingToken(
-            get_decoded::<TwinRecord>(tree, &keys::twin(twin))?.map_or(0, |r| r.fence),
+            self.twin_record(self.partition_of(twin), twin)?
+                .map_or(0, |r| r.fence),
         ))
     }
 }

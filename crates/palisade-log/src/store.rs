@@ -1,24 +1,25 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use palisade_core::{codec, Clock, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
 use palisade_lease::{AcquireRequest, AuthorityError, Lease, LeaseAuthority, RemoteAuthority};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{info, instrument, warn};
 
+use crate::cache::ReadCache;
+use crate::commit::{CommitConfig, CommitHooks, CommitShared, Committer, Health, Trees};
 use crate::error::{AppendError, LeaseOpError, OpenError};
 use crate::ingest::{DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog};
-use crate::writer::{AppendCmd, AppendReq, Command, Shared, Writer};
-use crate::{Appended, Metrics};
+use crate::wal::Wal;
+use crate::writer::{AppendReq, Command, Partition, Sequencer, Shared};
+use crate::{Appended, Metrics, StorageFailure};
 
 pub const DEFAULT_PARTITIONS: u32 = 16;
-/// Upper bound on partitions: each has a writer thread.
+/// Upper bound on partitions.
 pub const MAX_PARTITIONS: u32 = 1024;
-/// Requests that may wait in one partition's queue before senders wait.
-const QUEUE_DEPTH: usize = 4096;
 
 /// Settings of a store. `partitions` only matters when the store is created.
 #[derive(Debug, Clone)]
@@ -34,6 +35,16 @@ pub struct StoreConfig {
     pub snapshot_every: u64,
     /// sled page-cache size in bytes.
     pub cache_bytes: u64,
+    /// Latest twin records kept in memory for reads (0: read sled every time).
+    pub read_cache_twins: usize,
+    /// A write-ahead log segment is closed once it holds this many bytes.
+    pub wal_segment_bytes: u64,
+    /// sled is made durable (checkpoint) at least this often while written...
+    pub checkpoint_every: Duration,
+    /// ...and whenever this many log bytes were written since the last one.
+    pub checkpoint_bytes: u64,
+    /// Fault injection into the commit path (tests only).
+    pub hooks: Option<Arc<dyn CommitHooks>>,
 }
 
 impl Default for StoreConfig {
@@ -43,40 +54,53 @@ impl Default for StoreConfig {
             max_drift: Duration::from_millis(500),
             snapshot_every: 64,
             cache_bytes: 256 << 20,
+            read_cache_twins: 65_536,
+            wal_segment_bytes: 64 << 20,
+            checkpoint_every: Duration::from_secs(1),
+            checkpoint_bytes: 64 << 20,
+            hooks: None,
         }
     }
 }
 
-/// The store: partitions, their writers, and the lease authority.
+/// The store: partitions, their state machines on one sequencer thread, the
+/// committer, the lease authority, and the reads.
 #[derive(Debug)]
 pub struct Store {
-    pub(crate) db: sled::Db,
     pub(crate) partitions: u32,
-    pub(crate) trees: Vec<sled::Tree>,
-    writers: Vec<mpsc::Sender<Command>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Each partition's durable head, updated after every flush.
-    heads: Vec<tokio::sync::watch::Receiver<u64>>,
+    pub(crate) trees: Trees,
+    /// The sequencer's queue. Every write of the store goes through it.
+    tx: mpsc::Sender<Command>,
+    sequencer: Mutex<Option<JoinHandle<()>>>,
+    committer: Arc<Mutex<Option<Committer>>>,
+    /// Each partition's durable head, updated after every applied round.
+    pub(crate) heads: Vec<tokio::sync::watch::Receiver<u64>>,
     pub(crate) authority: Arc<Mutex<LeaseAuthority>>,
     /// A lease authority outside the store (etcd), set once at start-up by
     /// `use_remote_authority` (cluster.rs); when set it replaces `authority`.
     pub(crate) remote: std::sync::OnceLock<Arc<dyn RemoteAuthority>>,
     /// Cluster mode: appends go through the partition's Kafka log instead
-    /// of straight to the writer (set by `route_appends`, cluster.rs).
+    /// of straight to the sequencer (set by `route_appends`, cluster.rs).
     pub(crate) append_route: std::sync::OnceLock<Arc<dyn crate::cluster::AppendRoute>>,
     pub(crate) last_token: Arc<AtomicU64>,
+    pub(crate) commit: Arc<CommitShared>,
     clock: Arc<Clock>,
     metrics: Arc<Metrics>,
     rejections: Arc<RejectionLog>,
     /// Lease and refusal audit trail and token owners (`audit.rs`).
     audit: crate::AuditLog,
+    path: PathBuf,
 }
 
 const FORMAT_KEY: &[u8] = b"format";
 const PARTITIONS_KEY: &[u8] = b"partitions";
+/// The write-ahead log's folder inside the data folder.
+pub(crate) const WAL_DIR: &str = "wal";
 
 impl Store {
-    /// Open the store in `path`, creating it if the folder holds none.
+    /// Open the store in `path`, creating it if the folder holds none. A
+    /// store that was not closed cleanly first replays its write-ahead log
+    /// into sled (`commit::recover`).
     pub fn open(path: &Path, config: StoreConfig) -> Result<Self, OpenError> {
         let shown = path.display().to_string();
         let sled_err = |source| OpenError::Sled {
@@ -94,6 +118,9 @@ impl Store {
         let db = sled::Config::new()
             .path(path)
             .cache_capacity(config.cache_bytes)
+            // The store makes sled durable itself (checkpoints, commit.rs):
+            // sled's own flusher only adds syncs competing with the log's.
+            .flush_every_ms(None)
             .open()
             .map_err(sled_err)?;
         let meta = db.open_tree("meta").map_err(sled_err)?;
@@ -127,63 +154,139 @@ impl Store {
                 stored
             }
             _ => {
+                // A new store. The format key goes last: it marks the store
+                // as created, once both are durable.
                 let n = config.partitions.unwrap_or(DEFAULT_PARTITIONS);
-                let mut b = sled::Batch::default();
-                b.insert(FORMAT_KEY, &[crate::keys::LAYOUT_VERSION][..]);
-                b.insert(PARTITIONS_KEY, &n.to_be_bytes()[..]);
-                meta.apply_batch(b).map_err(sled_err)?;
-                meta.flush().map_err(sled_err)?;
+                meta.insert(PARTITIONS_KEY, &n.to_be_bytes()[..])
+                    .map_err(sled_err)?;
+                meta.insert(FORMAT_KEY, &[crate::keys::LAYOUT_VERSION][..])
+                    .map_err(sled_err)?;
+                db.flush().map_err(sled_err)?;
+                crate::commit::sync_sled_files(path, &Mutex::default()).map_err(|e| {
+                    OpenError::Sled {
+                        path: shown.clone(),
+                        source: sled::Error::Io(e),
+                    }
+                })?;
                 info!(path = %shown, partitions = n, "created a new store");
                 n
             }
         };
-        let authority = LeaseAuthority::open(db.open_tree("leases").map_err(sled_err)?)?;
-        let audit = crate::AuditLog::open(&db).map_err(sled_err)?;
+        let mut partition_trees = Vec::with_capacity(partitions as usize);
+        for p in 0..partitions {
+            partition_trees.push(
+                db.open_tree(format!("partition/{p:05}"))
+                    .map_err(sled_err)?,
+            );
+        }
+        let trees = Trees {
+            partitions: partition_trees,
+            meta,
+            leases: db.open_tree("leases").map_err(sled_err)?,
+            audit: db.open_tree("audit").map_err(sled_err)?,
+            token_owners: db.open_tree("token_owners").map_err(sled_err)?,
+            cluster: db
+                .open_tree(crate::cluster::CLUSTER_TREE)
+                .map_err(sled_err)?,
+        };
+        let wal_dir = path.join(WAL_DIR);
+        let (next_round, _replayed) = crate::commit::recover(&db, path, &wal_dir, &trees)?;
+
+        let authority = LeaseAuthority::open(trees.leases.clone(), crate::ingest::now_ms())?;
         let last_token = Arc::new(AtomicU64::new(authority.last_token().0));
+        let authority = Arc::new(Mutex::new(authority));
         let clock = Arc::new(Clock::new(config.max_drift));
         let metrics = Arc::new(Metrics::default());
         let rejections = Arc::new(RejectionLog::default());
+        let commit = Arc::new(CommitShared {
+            health: Arc::new(Health::default()),
+            metrics: metrics.clone(),
+            applied: AtomicU64::new(next_round - 1),
+            cache: Arc::new(ReadCache::new(config.read_cache_twins)),
+        });
         let shared = Arc::new(Shared {
             clock: clock.clone(),
             metrics: metrics.clone(),
             rejections: rejections.clone(),
             snapshot_every: config.snapshot_every.max(1),
+            commit: commit.clone(),
+            last_token: last_token.clone(),
         });
-        let mut trees = Vec::with_capacity(partitions as usize);
-        let mut writers = Vec::with_capacity(partitions as usize);
-        let mut threads = Vec::with_capacity(partitions as usize);
+        let mut parts = Vec::with_capacity(partitions as usize);
+        let mut head_txs = Vec::with_capacity(partitions as usize);
         let mut heads = Vec::with_capacity(partitions as usize);
-        for p in 0..partitions {
-            let tree = db
-                .open_tree(format!("partition/{p:05}"))
-                .map_err(sled_err)?;
-            let (writer, head) = Writer::load(PartitionId(p), tree.clone(), shared.clone())?;
-            heads.push(head);
-            let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-            let handle = std::thread::Builder::new()
-                .name(format!("palisade-p{p}"))
-                .spawn(move || writer.run(rx))
-                .map_err(OpenError::Thread)?;
-            trees.push(tree);
-            writers.push(tx);
-            threads.push(handle);
+        for (p, tree) in trees.partitions.iter().enumerate() {
+            let p = PartitionId(u32::try_from(p).unwrap_or(u32::MAX));
+            let (part, head_tx, head_rx) =
+                Partition::load(p, tree.clone(), &trees.cluster, shared.clone())?;
+            parts.push(part);
+            head_txs.push(head_tx);
+            heads.push(head_rx);
         }
+        let wal = Wal::create(&wal_dir, next_round, config.wal_segment_bytes)?;
+        let (committer, sync_tx) = Committer::start(
+            wal,
+            db.clone(),
+            path.to_owned(),
+            trees.clone(),
+            commit.clone(),
+            head_txs,
+            CommitConfig {
+                checkpoint_every: config.checkpoint_every,
+                checkpoint_bytes: config.checkpoint_bytes,
+                hooks: config.hooks.clone(),
+            },
+        )
+        .map_err(OpenError::Thread)?;
+        let (tx, rx) = mpsc::channel();
+        let sequencer = Sequencer::new(
+            parts,
+            authority.clone(),
+            shared,
+            sync_tx,
+            next_round,
+            Vec::new(),
+        );
+        let handle = std::thread::Builder::new()
+            .name("palisade-sequencer".into())
+            .spawn(move || sequencer.run(&rx))
+            .map_err(OpenError::Thread)?;
+        let audit = crate::AuditLog::open(&trees, tx.clone()).map_err(sled_err)?;
         Ok(Self {
-            db,
             partitions,
             trees,
-            writers,
-            threads: Mutex::new(threads),
+            tx,
+            sequencer: Mutex::new(Some(handle)),
+            committer: Arc::new(Mutex::new(Some(committer))),
             heads,
-            authority: Arc::new(Mutex::new(authority)),
+            authority,
             remote: std::sync::OnceLock::new(),
             append_route: std::sync::OnceLock::new(),
             last_token,
+            commit,
             clock,
             metrics,
             rejections,
             audit,
+            path: path.to_owned(),
         })
+    }
+
+    /// The storage failure that stopped the store from acknowledging writes
+    /// (fail-stop), if one happened. Reads keep working; every write is
+    /// refused with it until the store is restarted.
+    pub fn failure(&self) -> Option<StorageFailure> {
+        self.commit.health.failure().cloned()
+    }
+
+    /// The data folder.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Send a command to the sequencer.
+    pub(crate) fn send(&self, cmd: Command) -> Result<(), Closed> {
+        self.tx.send(cmd).map_err(|_| Closed)
     }
 
     /// The audit log and token owners (used by the HTTP layer's auth).
@@ -267,76 +370,52 @@ impl Store {
                 });
             }
         }
-        let lease = if let Some(remote) = self.remote.get() {
+        if let Some(remote) = self.remote.get() {
             let lease = self.remote_acquire(remote.as_ref(), req).await?;
             if remote.registers_grants() {
                 self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
                 return Ok(lease);
             }
-            lease
-        } else {
-            let id = LeaseId(uuid::Uuid::new_v4().as_u128());
-            let auth = self.authority.clone();
-            tokio::task::spawn_blocking(move || {
-                auth.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .acquire(req, id)
-            })
-            .await
-            .map_err(|e| LeaseOpError::Storage(e.to_string()))?
-            .map_err(|e| self.lease_failure(e))?
-            .lease
-        };
-        self.last_token.fetch_max(lease.token.0, Ordering::SeqCst);
-        let p = lease.scope.partition(self.partitions);
+            self.register_grant(lease.token, lease.scope.clone(), lease.holder.clone())
+                .await
+                .inspect_err(|e| {
+                    // The authority granted it but the fence is not raised:
+                    // nobody got the token, so nobody can write with it. The
+                    // scope stays taken until the lease expires.
+                    warn!(error = %e, "fence raise failed after a grant");
+                })?;
+            self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
+            return Ok(lease);
+        }
+        // The embedded authority decides on the sequencer, which writes the
+        // lease records and raises the scope's fence in one round.
+        let id = LeaseId(uuid::Uuid::new_v4().as_u128());
         let (reply, rx) = oneshot::channel();
-        self.writer(p)
-            .send(Command::Grant {
-                token: lease.token,
-                scope: lease.scope.clone(),
-                holder: lease.holder.clone(),
-                reply,
-            })
-            .await
+        self.send(Command::Acquire { req, id, reply })
             .map_err(|_| LeaseOpError::Closed)?;
-        rx.await.map_err(|_| LeaseOpError::Closed)?.map_err(|e| {
-            // The grant is on disk but its fence is not: nobody got the
-            // token, so nobody can write with it. The scope stays taken
-            // until the lease expires.
-            warn!(error = %e, "fence raise failed after a grant");
-            LeaseOpError::Storage(e)
-        })?;
-        self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
-        Ok(lease)
+        rx.await.map_err(|_| LeaseOpError::Closed)?
     }
 
+    /// Extend a live lease by its TTL (by lease id only); durable (its new
+    /// deadline is stored) before the reply.
     pub async fn renew(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
         if let Some(remote) = self.remote.get() {
             return self.remote_renew(remote.as_ref(), id).await;
         }
-        let r = self
-            .authority()
-            .renew(id)
-            .map_err(|e| self.lease_failure(e))?;
-        self.metrics.lease_renewals.fetch_add(1, Ordering::Relaxed);
-        Ok(r)
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Renew { id, reply })
+            .map_err(|_| LeaseOpError::Closed)?;
+        rx.await.map_err(|_| LeaseOpError::Closed)?
     }
 
     pub async fn release(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
         if let Some(remote) = self.remote.get() {
             return self.remote_release(remote.as_ref(), id).await;
         }
-        let auth = self.authority.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            auth.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .release(id)
-        })
-        .await
-        .map_err(|e| LeaseOpError::Storage(e.to_string()))?
-        .map_err(|e| self.lease_failure(e))?;
-        self.metrics.lease_releases.fetch_add(1, Ordering::Relaxed);
-        Ok(r)
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Release { id, reply })
+            .map_err(|_| LeaseOpError::Closed)?;
+        rx.await.map_err(|_| LeaseOpError::Closed)?
     }
 
     /// Retire expired leases (and delete their records). The server calls
@@ -346,19 +425,10 @@ impl Store {
             // The remote authority expires its own leases.
             return Ok(0);
         }
-        let auth = self.authority.clone();
-        let gone = tokio::task::spawn_blocking(move || {
-            auth.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .sweep()
-        })
-        .await
-        .map_err(|e| LeaseOpError::Storage(e.to_string()))?
-        .map_err(|e| self.lease_failure(e))?;
-        self.metrics
-            .lease_expiries
-            .fetch_add(gone.len() as u64, Ordering::Relaxed);
-        Ok(gone.len())
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Sweep { reply })
+            .map_err(|_| LeaseOpError::Closed)?;
+        rx.await.map_err(|_| LeaseOpError::Closed)?
     }
 
     /// Milliseconds until `lease` expires, by the authority's monotonic clock.
@@ -378,24 +448,7 @@ impl Store {
     }
 
     pub(crate) fn lease_failure(&self, e: AuthorityError) -> LeaseOpError {
-        match e {
-            AuthorityError::Lease(e) => {
-                self.metrics.lease_refused(match &e {
-                    palisade_lease::LeaseError::Held { .. } => "held",
-                    palisade_lease::LeaseError::Expired(_) => "expired",
-                    palisade_lease::LeaseError::Superseded { .. } => "superseded",
-                    palisade_lease::LeaseError::Released(_) => "released",
-                    palisade_lease::LeaseError::Unknown(_) => "unknown",
-                    _ => "bad_request",
-                });
-                LeaseOpError::Lease(e)
-            }
-            other => LeaseOpError::Storage(other.to_string()),
-        }
-    }
-
-    pub(crate) fn writer(&self, p: PartitionId) -> &mpsc::Sender<Command> {
-        &self.writers[p.0 as usize % self.writers.len()]
+        crate::writer::lease_failure(&self.metrics, e)
     }
 
     /// Append events to one twin under a fencing token. Accepted iff the
@@ -418,19 +471,23 @@ impl Store {
         tracing::Span::current().record("partition", p.0);
         let twin_for_error = twin.clone();
         let (reply, rx) = oneshot::channel();
-        self.writer(p)
-            .send(Command::Append(AppendCmd {
-                req: AppendReq {
-                    twin,
-                    token,
-                    events,
-                    if_match,
-                },
-                reply,
-            }))
-            .await
-            .map_err(|_| AppendError::Closed)?;
-        match rx.await.map_err(|_| AppendError::Closed)? {
+        let started = Instant::now();
+        self.send(Command::Append {
+            partition: p,
+            req: AppendReq {
+                twin,
+                token,
+                events,
+                if_match,
+            },
+            reply,
+        })
+        .map_err(|_| AppendError::Closed)?;
+        let outcome = rx.await.map_err(|_| AppendError::Closed)?;
+        if outcome.is_ok() {
+            self.metrics.acknowledged(started.elapsed());
+        }
+        match outcome {
             Err(AppendError::NotIssued { token }) => {
                 // The writer only knows the token was not granted for its
                 // partition: tell "never issued" from "issued elsewhere".
@@ -487,14 +544,13 @@ impl Store {
             )));
         }
         let (reply, rx) = oneshot::channel();
-        self.writer(partition)
-            .send(Command::Ingest {
-                offset,
-                record,
-                reply,
-            })
-            .await
-            .map_err(|_| AppendError::Closed)?;
+        self.send(Command::Ingest {
+            partition,
+            offset,
+            record,
+            reply,
+        })
+        .map_err(|_| AppendError::Closed)?;
         Ok(rx)
     }
 
@@ -515,23 +571,24 @@ impl Store {
             )));
         }
         let (reply, rx) = oneshot::channel();
-        self.writer(partition)
-            .send(Command::IngestBatch { records, reply })
-            .await
-            .map_err(|_| AppendError::Closed)?;
+        self.send(Command::IngestBatch {
+            partition,
+            records,
+            reply,
+        })
+        .map_err(|_| AppendError::Closed)?;
         Ok(rx)
     }
 
     /// The last source offset applied to `partition`, if any: where a
     /// consumer resumes (at this plus one).
     pub fn source_offset(&self, partition: PartitionId) -> Result<Option<u64>, crate::ReadError> {
-        let tree =
-            self.trees
-                .get(partition.0 as usize)
-                .ok_or(crate::ReadError::UnknownPartition {
-                    partition: partition.0,
-                    partitions: self.partitions,
-                })?;
+        let tree = self.trees.partitions.get(partition.0 as usize).ok_or(
+            crate::ReadError::UnknownPartition {
+                partition: partition.0,
+                partitions: self.partitions,
+            },
+        )?;
         Ok(tree
             .get(crate::keys::SOURCE_OFFSET)?
             .and_then(|v| crate::keys::trailing_seq(&v)))
@@ -546,7 +603,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<DeadLetter>, crate::ReadError> {
         let mut out = Vec::new();
-        for (i, tree) in self.trees.iter().enumerate() {
+        for (i, tree) in self.trees.partitions.iter().enumerate() {
             if partition.is_some_and(|p| p.0 as usize != i) {
                 continue;
             }
@@ -572,25 +629,43 @@ impl Store {
         self.rejections.recent(limit)
     }
 
-    /// Stop the writers after they commit what is queued, and flush.
+    /// Stop the sequencer after it decides what is queued, let the committer
+    /// make it durable and answer it, and take a last checkpoint (so the next
+    /// open has no log to replay). Bounded: if the disk does not answer
+    /// within `CLOSE_TIMEOUT`, it returns anyway; nothing acknowledged
+    /// depends on that checkpoint (the log holds it).
     pub async fn close(&self) {
-        for w in &self.writers {
-            let _ = w.send(Command::Stop).await;
-        }
-        let handles: Vec<_> = std::mem::take(
-            &mut *self
-                .threads
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        let _ = tokio::task::spawn_blocking(move || {
-            for h in handles {
+        let _ = self.send(Command::Stop);
+        let sequencer = self
+            .sequencer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let committer = self.committer.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            if let Some(h) = sequencer {
                 let _ = h.join();
             }
-        })
-        .await;
-        if let Err(e) = self.db.flush_async().await {
-            warn!(error = %e, "final flush failed");
+            let c = committer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(mut c) = c {
+                c.finish();
+            }
+        });
+        if tokio::time::timeout(CLOSE_TIMEOUT, done).await.is_err() {
+            warn!(
+                timeout_s = CLOSE_TIMEOUT.as_secs(),
+                "closing the store timed out; the next open replays the write-ahead log"
+            );
         }
     }
 }
+
+/// How long [`Store::close`] waits for the last round and checkpoint.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The sequencer is gone (the store is closed).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Closed;

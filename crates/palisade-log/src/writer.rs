@@ -1,33 +1,54 @@
-//! The partition writer: one thread per partition, the only code that writes
-//! the partition's tree. It drains its queue, checks every request against
-//! the fences in order, and commits the whole batch with one `apply_batch` and
-//! one `flush` (group commit). Replies go out only after the flush.
+//! The sequencer: one thread that decides every write of the store, in
+//! arrival order, and closes commit rounds for the committer (`commit.rs`).
+//!
+//! Each partition is a single-threaded state machine ([`Partition`]): its
+//! fences, head, token grants, dedupe window and twin records live here and
+//! nowhere else, and every append, Kafka record, grant and owner marker of
+//! the partition is checked against them by the pure fence (`fence.rs`) in
+//! order. The sequencer drains its queue, runs each command through the
+//! state machine of its partition (or the lease authority), and stages what
+//! the command changes into the open round: the events, the twin records,
+//! the fences, the source offset, lease records, audit records. It then
+//! hands the round to the committer and goes on with the next while the
+//! round is synced: one `fdatasync` covers every partition. Replies go out
+//! only after the round is durable and applied.
+//!
+//! The state here runs ahead of the disk (it includes rounds being synced);
+//! that is safe because the store is fail-stop: if a round cannot be made
+//! durable, nothing after it is acknowledged either, and a restart rebuilds
+//! this state from what the log and sled hold.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
-use palisade_core::{codec, Clock, FencingToken, NewEvent, PartitionId, Scope, TwinId};
+use palisade_core::{codec, Clock, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
 use palisade_core::{MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
+use palisade_lease::{AcquireRequest, AuthorityError, Lease, LeaseAuthority, LeaseWrites};
 use palisade_twin::TwinState;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tracing::{debug, error};
 
 use crate::batch::{BatchEvent, Batches, DedupeWindow};
-use crate::error::{AppendError, OpenError};
+use crate::commit::{Ack, CommitShared, Round, StorageFailure, ToSync};
+use crate::error::{AppendError, LeaseOpError, OpenError};
+use crate::fence::{self, Fences, Reach};
 use crate::ingest::{
     is_drop, now_ms, DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog,
     DEAD_LETTERS_PER_PARTITION, DEAD_LETTER_VALUE_BYTES,
 };
 use crate::keys;
 use crate::records::{PartitionMeta, Snapshot, TokenGrant, TwinRecord};
+use crate::wal::{Ops, TreeId};
 use crate::Metrics;
 
-/// Most requests folded into one group commit.
-const MAX_BATCH: usize = 1024;
-/// Twin records kept decoded in memory per partition; past this the cache is
-/// dropped wholesale (cheap, and the writer reloads from sled).
+/// Most commands decided into one drain of the queue.
+const MAX_DRAIN: usize = 4096;
+/// A round is closed once its ops reach this size, so one huge request
+/// gets a round of its own instead of delaying every other reply.
+const MAX_ROUND_BYTES: usize = 4 << 20;
+/// Twin records kept decoded per partition for the sequencer's decisions;
+/// past this the ones already applied are dropped (sled holds them).
 const CACHE_MAX: usize = 16_384;
 
 /// An acknowledged append.
@@ -52,101 +73,522 @@ pub(crate) struct AppendReq {
     pub if_match: Option<u64>,
 }
 
-pub(crate) struct AppendCmd {
-    pub req: AppendReq,
-    pub reply: oneshot::Sender<Result<Appended, AppendError>>,
-}
-
 pub(crate) type IngestReply = oneshot::Sender<Result<IngestOutcome, AppendError>>;
 pub(crate) type IngestBatchReply = oneshot::Sender<Result<Vec<IngestOutcome>, AppendError>>;
 
+/// A write to make durable as is (audit records, token owners, store
+/// metadata): `value` `None` removes the key.
+#[derive(Debug, Clone)]
+pub(crate) struct RawWrite {
+    pub tree: TreeId,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+}
+
 pub(crate) enum Command {
-    Append(AppendCmd),
-    /// Register a lease grant whose scope this partition enforces, and raise
-    /// the scope's fence to its token.
-    Grant {
-        token: FencingToken,
-        scope: Scope,
-        holder: String,
-        reply: oneshot::Sender<Result<(), String>>,
+    Append {
+        partition: PartitionId,
+        req: AppendReq,
+        reply: oneshot::Sender<Result<Appended, AppendError>>,
     },
-    /// A record from the source stream (Kafka partition = this partition)
-    /// at `offset`: applied, dropped or dead-lettered, and the offset stored,
-    /// all in one batch.
+    /// A record of source (Kafka) partition `partition` at `offset`:
+    /// applied, dropped or dead-lettered, and the offset stored, in one round.
     Ingest {
+        partition: PartitionId,
         offset: u64,
         record: IngestRecord,
         reply: IngestReply,
     },
-    /// Source records of this partition in offset order, each handled as
-    /// `Ingest` is, in one group commit, with one reply for all.
+    /// Source records of one partition in offset order, each handled as
+    /// `Ingest` is, with one reply for all.
     IngestBatch {
+        partition: PartitionId,
         records: Vec<(u64, IngestRecord)>,
         reply: IngestBatchReply,
+    },
+    /// Grant a lease from the embedded authority: the lease records and the
+    /// fence raise of the scope go into the same round.
+    Acquire {
+        req: AcquireRequest,
+        id: LeaseId,
+        reply: oneshot::Sender<Result<Lease, LeaseOpError>>,
+    },
+    Renew {
+        id: LeaseId,
+        reply: oneshot::Sender<Result<Lease, LeaseOpError>>,
+    },
+    Release {
+        id: LeaseId,
+        reply: oneshot::Sender<Result<Lease, LeaseOpError>>,
+    },
+    /// Retire expired leases; the reply counts them.
+    Sweep {
+        reply: oneshot::Sender<Result<usize, LeaseOpError>>,
+    },
+    /// Register a grant made by another authority (etcd): the token becomes
+    /// valid for its scope and the scope's fence rises to it.
+    Grant {
+        token: FencingToken,
+        scope: Scope,
+        holder: String,
+        reply: oneshot::Sender<Result<(), LeaseOpError>>,
+    },
+    /// Cluster mode: raise a partition's owner fence.
+    OwnerFence {
+        partition: PartitionId,
+        token: u64,
+        reply: oneshot::Sender<Result<(), AppendError>>,
+    },
+    Write {
+        writes: Vec<RawWrite>,
+        reply: Option<oneshot::Sender<Result<(), StorageFailure>>>,
     },
     /// Finish everything queued before, then stop.
     Stop,
 }
 
-/// What the writers of one store share.
+/// What the sequencer shares with the store.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub clock: Arc<Clock>,
     pub metrics: Arc<Metrics>,
     pub rejections: Arc<RejectionLog>,
     pub snapshot_every: u64,
+    pub commit: Arc<CommitShared>,
+    /// The greatest token this store has durably registered.
+    pub last_token: Arc<AtomicU64>,
 }
 
-pub(crate) struct Writer {
-    partition: PartitionId,
+/// The open round.
+#[derive(Default)]
+struct OpenRound {
+    ops: Ops,
+    acks: Vec<Ack>,
+    /// Partitions with staged changes.
+    touched: Vec<usize>,
+    requests: usize,
+}
+
+impl OpenRound {
+    fn ack(&mut self, a: Ack) {
+        self.acks.push(a);
+        self.requests += 1;
+    }
+}
+
+/// A reply sent once its round is durable: `r` then, or the failure.
+fn ack<T, E>(
+    tx: oneshot::Sender<Result<T, E>>,
+    r: Result<T, E>,
+    failed: fn(StorageFailure) -> E,
+) -> Ack
+where
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    Box::new(move |outcome| {
+        let _ = tx.send(match outcome {
+            Ok(()) => r,
+            Err(f) => Err(failed(f.clone())),
+        });
+    })
+}
+
+/// The metric name of a lease refusal, and the error callers see.
+pub(crate) fn lease_failure(metrics: &Metrics, e: AuthorityError) -> LeaseOpError {
+    match e {
+        AuthorityError::Lease(e) => {
+            metrics.lease_refused(match &e {
+                palisade_lease::LeaseError::Held { .. } => "held",
+                palisade_lease::LeaseError::Expired(_) => "expired",
+                palisade_lease::LeaseError::Superseded { .. } => "superseded",
+                palisade_lease::LeaseError::Released(_) => "released",
+                palisade_lease::LeaseError::Unknown(_) => "unknown",
+                _ => "bad_request",
+            });
+            LeaseOpError::Lease(e)
+        }
+        other => LeaseOpError::Storage(other.to_string()),
+    }
+}
+
+pub(crate) struct Sequencer {
+    parts: Vec<Partition>,
+    authority: Arc<Mutex<LeaseAuthority>>,
+    shared: Arc<Shared>,
+    out: mpsc::Sender<ToSync>,
+    next_round: u64,
+    open: OpenRound,
+}
+
+impl Sequencer {
+    pub fn new(
+        parts: Vec<Partition>,
+        authority: Arc<Mutex<LeaseAuthority>>,
+        shared: Arc<Shared>,
+        out: mpsc::Sender<ToSync>,
+        next_round: u64,
+        first_writes: LeaseWrites,
+    ) -> Self {
+        let mut s = Self {
+            parts,
+            authority,
+            shared,
+            out,
+            next_round,
+            open: OpenRound::default(),
+        };
+        s.stage_lease_writes(first_writes);
+        s
+    }
+
+    pub fn run(mut self, rx: &mpsc::Receiver<Command>) {
+        let mut stop = false;
+        while !stop {
+            let Ok(first) = rx.recv() else {
+                break;
+            };
+            let mut next = Some(first);
+            let mut n = 0;
+            while let Some(cmd) = next.take() {
+                if matches!(cmd, Command::Stop) {
+                    // Everything after a Stop was sent by a caller racing the
+                    // shutdown: it stays queued, and its caller sees `Closed`.
+                    stop = true;
+                    break;
+                }
+                self.decide(cmd);
+                if self.open.ops.bytes() >= MAX_ROUND_BYTES {
+                    self.close_round();
+                }
+                n += 1;
+                if n < MAX_DRAIN {
+                    next = rx.try_recv().ok();
+                }
+            }
+            self.close_round();
+        }
+        let _ = self.out.send(ToSync::Stop);
+    }
+
+    fn failure(&self) -> Option<StorageFailure> {
+        self.shared.commit.health.failure().cloned()
+    }
+
+    /// Send the open round to the committer (if it holds anything).
+    fn close_round(&mut self) {
+        let mut round = std::mem::take(&mut self.open);
+        if round.acks.is_empty() && round.ops.is_empty() {
+            return;
+        }
+        let no = self.next_round;
+        self.next_round += 1;
+        let applied = self.shared.commit.applied.load(Ordering::Acquire);
+        let mut publish = Vec::new();
+        let mut heads = Vec::new();
+        for p in std::mem::take(&mut round.touched) {
+            self.parts[p].close(no, applied, &mut round.ops, &mut publish, &mut heads);
+        }
+        let r = Round {
+            no,
+            ops: round.ops,
+            acks: round.acks,
+            publish,
+            heads,
+            requests: round.requests,
+        };
+        if let Err(mpsc::SendError(ToSync::Round(r))) = self.out.send(ToSync::Round(r)) {
+            let f = StorageFailure::new(
+                "commit",
+                std::io::ErrorKind::BrokenPipe,
+                "the commit threads are gone".into(),
+            );
+            for a in r.acks {
+                a(Err(&f));
+            }
+        }
+    }
+
+    /// Partition `p`'s state machine and the open round's ops, with `p`
+    /// marked as changed in this round.
+    fn touch(&mut self, p: usize) -> (&mut Partition, &mut Ops) {
+        let part = &mut self.parts[p];
+        if !part.touched {
+            part.touched = true;
+            self.open.touched.push(p);
+        }
+        (part, &mut self.open.ops)
+    }
+
+    fn stage_lease_writes(&mut self, writes: LeaseWrites) {
+        for (k, v) in writes {
+            match v {
+                Some(v) => self.open.ops.put(TreeId::LEASES, &k, &v),
+                None => self.open.ops.remove(TreeId::LEASES, &k),
+            }
+        }
+    }
+
+    fn authority(&self) -> std::sync::MutexGuard<'_, LeaseAuthority> {
+        self.authority
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn decide(&mut self, cmd: Command) {
+        if let Some(f) = self.failure() {
+            refuse(cmd, &f);
+            return;
+        }
+        let metrics = self.shared.metrics.clone();
+        match cmd {
+            Command::Append {
+                partition,
+                req,
+                reply,
+            } => {
+                let (part, ops) = self.touch(partition.0 as usize);
+                let r = part.append(ops, &req, None);
+                let m = metrics;
+                self.open.ack(Box::new(move |outcome| {
+                    let res = match outcome {
+                        Ok(()) => {
+                            if let Ok(a) = &r {
+                                m.append_requests.fetch_add(1, Ordering::Relaxed);
+                                m.events_appended.fetch_add(
+                                    (a.seqs.len() - a.duplicates) as u64,
+                                    Ordering::Relaxed,
+                                );
+                                m.events_deduplicated
+                                    .fetch_add(a.duplicates as u64, Ordering::Relaxed);
+                            }
+                            r
+                        }
+                        Err(f) => Err(AppendError::StorageFailed(f.clone())),
+                    };
+                    let _ = reply.send(res);
+                }));
+            }
+            Command::Ingest {
+                partition,
+                offset,
+                record,
+                reply,
+            } => {
+                let (part, ops) = self.touch(partition.0 as usize);
+                let r = part.ingest(ops, offset, record);
+                self.open.ack(ack(reply, r, AppendError::StorageFailed));
+            }
+            Command::IngestBatch {
+                partition,
+                records,
+                reply,
+            } => {
+                let (part, ops) = self.touch(partition.0 as usize);
+                let mut outcomes = Vec::with_capacity(records.len());
+                let mut failed = None;
+                for (offset, record) in records {
+                    match part.ingest(ops, offset, record) {
+                        Ok(o) => outcomes.push(o),
+                        // Not applied and its offset not stored: the records
+                        // after it must not be applied either, or the stored
+                        // offset would pass over it.
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+                let r = failed.map_or(Ok(outcomes), Err);
+                self.open.ack(ack(reply, r, AppendError::StorageFailed));
+            }
+            Command::Acquire { req, id, reply } => {
+                let decided = self.authority().acquire(req, id, now_ms());
+                let r = match decided {
+                    Ok((grant, writes)) => {
+                        self.stage_lease_writes(writes);
+                        let l = grant.lease;
+                        let p = l.scope.partition(self.partitions());
+                        let (part, ops) = self.touch(p.0 as usize);
+                        match part.grant(ops, l.token, &l.scope, &l.holder) {
+                            Ok(()) => Ok(l),
+                            // The counter moved (its write is staged): the
+                            // token is burnt, never reused.
+                            Err(e) => Err(LeaseOpError::Storage(e.to_string())),
+                        }
+                    }
+                    Err(e) => Err(lease_failure(&metrics, e)),
+                };
+                let (m, last) = (metrics, self.shared.last_token.clone());
+                self.open.ack(Box::new(move |outcome| {
+                    let res = match outcome {
+                        Ok(()) => r.inspect(|l| {
+                            last.fetch_max(l.token.0, Ordering::SeqCst);
+                            m.lease_grants.fetch_add(1, Ordering::Relaxed);
+                        }),
+                        Err(f) => Err(LeaseOpError::StorageFailed(f.clone())),
+                    };
+                    let _ = reply.send(res);
+                }));
+            }
+            Command::Renew { id, reply } => {
+                let decided = self.authority().renew(id, now_ms());
+                let r = match decided {
+                    Ok((lease, writes)) => {
+                        self.stage_lease_writes(writes);
+                        metrics.lease_renewals.fetch_add(1, Ordering::Relaxed);
+                        Ok(lease)
+                    }
+                    Err(e) => Err(lease_failure(&metrics, e)),
+                };
+                self.open.ack(ack(reply, r, LeaseOpError::StorageFailed));
+            }
+            Command::Release { id, reply } => {
+                let decided = self.authority().release(id);
+                let r = match decided {
+                    Ok((lease, writes)) => {
+                        self.stage_lease_writes(writes);
+                        metrics.lease_releases.fetch_add(1, Ordering::Relaxed);
+                        Ok(lease)
+                    }
+                    Err(e) => Err(lease_failure(&metrics, e)),
+                };
+                self.open.ack(ack(reply, r, LeaseOpError::StorageFailed));
+            }
+            Command::Sweep { reply } => {
+                let (gone, writes) = self.authority().sweep();
+                self.stage_lease_writes(writes);
+                metrics
+                    .lease_expiries
+                    .fetch_add(gone.len() as u64, Ordering::Relaxed);
+                self.open
+                    .ack(ack(reply, Ok(gone.len()), LeaseOpError::StorageFailed));
+            }
+            Command::Grant {
+                token,
+                scope,
+                holder,
+                reply,
+            } => {
+                let p = scope.partition(self.partitions());
+                let (part, ops) = self.touch(p.0 as usize);
+                let r = part
+                    .grant(ops, token, &scope, &holder)
+                    .map_err(|e| LeaseOpError::Storage(e.to_string()));
+                let last = self.shared.last_token.clone();
+                self.open.ack(Box::new(move |outcome| {
+                    let res = match outcome {
+                        Ok(()) => r.inspect(|()| {
+                            last.fetch_max(token.0, Ordering::SeqCst);
+                        }),
+                        Err(f) => Err(LeaseOpError::StorageFailed(f.clone())),
+                    };
+                    let _ = reply.send(res);
+                }));
+            }
+            Command::OwnerFence {
+                partition,
+                token,
+                reply,
+            } => {
+                self.touch(partition.0 as usize).0.raise_owner(token);
+                self.open
+                    .ack(ack(reply, Ok(()), AppendError::StorageFailed));
+            }
+            Command::Write { writes, reply } => {
+                for w in writes {
+                    match w.value {
+                        Some(v) => self.open.ops.put(w.tree, &w.key, &v),
+                        None => self.open.ops.remove(w.tree, &w.key),
+                    }
+                }
+                if let Some(reply) = reply {
+                    self.open.ack(ack(reply, Ok(()), std::convert::identity));
+                }
+            }
+            Command::Stop => {}
+        }
+    }
+
+    fn partitions(&self) -> u32 {
+        u32::try_from(self.parts.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// Answer a command at once with the failure that stopped the store.
+fn refuse(cmd: Command, f: &StorageFailure) {
+    let e = || AppendError::StorageFailed(f.clone());
+    let l = || LeaseOpError::StorageFailed(f.clone());
+    match cmd {
+        Command::Append { reply, .. } => drop(reply.send(Err(e()))),
+        Command::Ingest { reply, .. } => drop(reply.send(Err(e()))),
+        Command::IngestBatch { reply, .. } => drop(reply.send(Err(e()))),
+        Command::OwnerFence { reply, .. } => drop(reply.send(Err(e()))),
+        Command::Acquire { reply, .. }
+        | Command::Renew { reply, .. }
+        | Command::Release { reply, .. } => drop(reply.send(Err(l()))),
+        Command::Sweep { reply } => drop(reply.send(Err(l()))),
+        Command::Grant { reply, .. } => drop(reply.send(Err(l()))),
+        Command::Write { reply, .. } => {
+            if let Some(r) = reply {
+                let _ = r.send(Err(f.clone()));
+            }
+        }
+        Command::Stop => {}
+    }
+}
+
+/// A twin record in the sequencer's cache, with the round that last wrote
+/// it (0: read from sled), so that only applied ones are ever dropped.
+struct Cached {
+    rec: Arc<TwinRecord>,
+    round: u64,
+}
+
+/// Changes of the open round, visible to later requests in it.
+#[derive(Default)]
+struct Pending {
+    /// The staged events, grouped into event batches.
+    events: Batches,
+    dirty: HashMap<TwinId, TwinRecord>,
+    /// A source record of this round failed (not applied, offset not
+    /// stored): later records must not be applied past it.
+    ingest_failed: Option<AppendError>,
+}
+
+/// One partition's state machine.
+pub(crate) struct Partition {
+    id: PartitionId,
     tree: sled::Tree,
     meta: PartitionMeta,
+    meta_dirty: bool,
     grants: HashMap<u64, TokenGrant>,
-    cache: HashMap<TwinId, TwinRecord>,
+    cache: HashMap<TwinId, Cached>,
     /// Ids of the partition's recent events (layout 2 keeps no durable
     /// dedupe keys): a retry within the window gets its first seq back.
     dedupe: DedupeWindow,
     /// The last source (Kafka) offset applied, stored with the events.
     source_offset: Option<u64>,
-    /// Dead letters stored in this partition (bounded).
-    dead_letters: u64,
-    /// The durable head: published after each flush, for live readers
-    /// (change streams), who then read the new events from sled.
-    head: watch::Sender<u64>,
+    source_dirty: bool,
+    /// Offsets of the dead letters stored (bounded), oldest first.
+    dead_letters: VecDeque<u64>,
+    /// Cluster mode: the highest owner token seen in the source log.
+    owner_fence: u64,
+    owner_dirty: bool,
+    pending: Pending,
+    /// In the open round's touched list.
+    touched: bool,
     shared: Arc<Shared>,
 }
 
-/// Changes of the batch being built, visible to later requests in it.
-#[derive(Default)]
-struct Pending {
-    batch: sled::Batch,
-    /// The staged events, grouped into event batches.
-    events: Batches,
-    dirty: HashMap<TwinId, TwinRecord>,
-    /// Ids staged in this commit; they join the dedupe window once durable.
-    dedupe: HashMap<Vec<u8>, u64>,
-    grants_added: Vec<u64>,
-    /// A source record of this commit failed (not applied, offset not
-    /// stored): later records must not be applied past it.
-    ingest_failed: Option<AppendError>,
-}
-
-enum Reply {
-    Append(
-        oneshot::Sender<Result<Appended, AppendError>>,
-        Result<Appended, AppendError>,
-    ),
-    Grant(oneshot::Sender<Result<(), String>>),
-    Ingest(IngestReply, Result<IngestOutcome, AppendError>),
-    IngestBatch(IngestBatchReply, Result<Vec<IngestOutcome>, AppendError>),
-}
-
-impl Writer {
+impl Partition {
+    /// Load partition `partition`'s state from sled (after the log replay).
     pub fn load(
         partition: PartitionId,
         tree: sled::Tree,
+        cluster: &sled::Tree,
         shared: Arc<Shared>,
-    ) -> Result<(Self, watch::Receiver<u64>), OpenError> {
+    ) -> Result<(Self, watch::Sender<u64>, watch::Receiver<u64>), OpenError> {
         let damaged = |key: &[u8], source| OpenError::Damaged {
             tree: String::from_utf8_lossy(&tree.name()).into_owned(),
             key: key.to_vec(),
@@ -181,280 +623,171 @@ impl Writer {
             ),
             None => None,
         };
-        let dead_letters = tree.scan_prefix([keys::DEAD_LETTER]).count() as u64;
+        let mut dead_letters = VecDeque::new();
+        for k in tree.scan_prefix([keys::DEAD_LETTER]).keys() {
+            let k = k.map_err(sled_err)?;
+            dead_letters.push_back(keys::trailing_seq(&k).unwrap_or(0));
+        }
+        let owner_fence = owner_fence_in(cluster, partition).map_err(sled_err)?;
         let dedupe = DedupeWindow::load(&tree)?;
         let (head, head_rx) = watch::channel(meta.head);
-        let writer = Self {
-            partition,
+        let part = Self {
+            id: partition,
             tree,
             meta,
+            meta_dirty: false,
             grants,
             cache: HashMap::new(),
             dedupe,
             source_offset,
+            source_dirty: false,
             dead_letters,
-            head,
+            owner_fence,
+            owner_dirty: false,
+            pending: Pending::default(),
+            touched: false,
             shared,
         };
-        Ok((writer, head_rx))
+        Ok((part, head, head_rx))
     }
 
-    pub fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        let mut stop = false;
-        while !stop {
-            let Some(first) = rx.blocking_recv() else {
-                break;
-            };
-            let mut cmds = vec![first];
-            while cmds.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(c) => cmds.push(c),
-                    Err(_) => break,
-                }
-            }
-            if let Some(i) = cmds.iter().position(|c| matches!(c, Command::Stop)) {
-                // Everything after a Stop was sent by a caller racing the
-                // shutdown: it is dropped, and its caller sees `Closed`.
-                cmds.truncate(i);
-                stop = true;
-            }
-            if !cmds.is_empty() {
-                self.commit(cmds);
-            }
-        }
-        if let Err(e) = self.tree.flush() {
-            error!(partition = %self.partition, error = %e, "final flush failed");
-        }
+    fn tree_id(&self) -> TreeId {
+        TreeId::partition(self.id.0)
     }
 
-    fn commit(&mut self, cmds: Vec<Command>) {
-        let _span =
-            tracing::debug_span!("commit", partition = %self.partition, requests = cmds.len())
-                .entered();
-        let meta_before = self.meta;
-        let source_before = self.source_offset;
-        let dead_before = self.dead_letters;
-        let mut pending = Pending::default();
-        let mut replies = Vec::with_capacity(cmds.len());
-        for cmd in cmds {
-            match cmd {
-                Command::Append(a) => {
-                    let r = self.append(&a.req, &mut pending, None);
-                    replies.push(Reply::Append(a.reply, r));
-                }
-                Command::Ingest {
-                    offset,
-                    record,
-                    reply,
-                } => {
-                    let r = self.ingest(offset, record, &mut pending);
-                    replies.push(Reply::Ingest(reply, r));
-                }
-                Command::IngestBatch { records, reply } => {
-                    let mut outcomes = Vec::with_capacity(records.len());
-                    let mut failed = None;
-                    for (offset, record) in records {
-                        match self.ingest(offset, record, &mut pending) {
-                            Ok(o) => outcomes.push(o),
-                            // Not applied and its offset not stored: the
-                            // records after it must not be applied either,
-                            // or the stored offset would pass over it.
-                            Err(e) => {
-                                failed = Some(e);
-                                break;
-                            }
-                        }
-                    }
-                    let r = failed.map_or(Ok(outcomes), Err);
-                    replies.push(Reply::IngestBatch(reply, r));
-                }
-                Command::Grant {
-                    token,
-                    scope,
-                    holder,
-                    reply,
-                } => match self.grant(token, scope, holder, &mut pending) {
-                    Ok(()) => replies.push(Reply::Grant(reply)),
-                    Err(e) => {
-                        let _ = reply.send(Err(e.to_string()));
-                    }
-                },
-                Command::Stop => {}
-            }
-        }
-        let Pending {
-            mut batch,
-            events,
-            dirty,
-            dedupe,
-            grants_added,
-            ..
-        } = pending;
-        events.write_into(&mut batch);
-        for (twin, rec) in &dirty {
-            batch.insert(keys::twin(twin), codec::encode(rec));
-        }
-        if self.meta != meta_before {
-            batch.insert(&keys::META_KEY[..], codec::encode(&self.meta));
-        }
-        if let (true, Some(o)) = (self.source_offset != source_before, self.source_offset) {
-            batch.insert(&keys::SOURCE_OFFSET[..], &o.to_be_bytes()[..]);
-        }
-        let started = Instant::now();
-        let written = self
-            .tree
-            .apply_batch(batch)
-            .and_then(|()| self.tree.flush().map(drop));
-        self.shared
-            .metrics
-            .flushed(started.elapsed(), replies.len());
-        match written {
-            Ok(()) => {
-                self.head.send_if_modified(|h| {
-                    let changed = *h != self.meta.head;
-                    *h = self.meta.head;
-                    changed
-                });
-                if self.cache.len() + dirty.len() > CACHE_MAX {
-                    self.cache.clear();
-                }
-                self.cache.extend(dirty);
-                // In seq order, so the window's generations cut at a seq.
-                let mut ids: Vec<_> = dedupe.into_iter().collect();
-                ids.sort_unstable_by_key(|(_, seq)| *seq);
-                for (key, seq) in ids {
-                    self.dedupe.insert(key, seq);
-                }
-                for r in replies {
-                    match r {
-                        Reply::Append(tx, res) => {
-                            if let Ok(a) = &res {
-                                let m = &self.shared.metrics;
-                                m.append_requests.fetch_add(1, Ordering::Relaxed);
-                                m.events_appended.fetch_add(
-                                    (a.seqs.len() - a.duplicates) as u64,
-                                    Ordering::Relaxed,
-                                );
-                                m.events_deduplicated
-                                    .fetch_add(a.duplicates as u64, Ordering::Relaxed);
-                            }
-                            let _ = tx.send(res);
-                        }
-                        Reply::Grant(tx) => {
-                            let _ = tx.send(Ok(()));
-                        }
-                        Reply::Ingest(tx, res) => {
-                            let _ = tx.send(res);
-                        }
-                        Reply::IngestBatch(tx, res) => {
-                            let _ = tx.send(res);
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                // Nothing of this batch is acknowledged. The in-memory view
-                // goes back to what it was; the cache is dropped because a
-                // partially applied batch cannot happen in sled, but a failed
-                // flush leaves us unsure what reached the disk.
-                error!(partition = %self.partition, error = %e, "group commit failed");
-                self.meta = meta_before;
-                self.source_offset = source_before;
-                self.dead_letters = dead_before;
-                for t in grants_added {
-                    self.grants.remove(&t);
-                }
-                self.cache.clear();
-                let msg = e.to_string();
-                for r in replies {
-                    match r {
-                        Reply::Append(tx, res) => {
-                            let _ = tx.send(res.and(Err(AppendError::Storage(msg.clone()))));
-                        }
-                        Reply::Grant(tx) => {
-                            let _ = tx.send(Err(msg.clone()));
-                        }
-                        Reply::Ingest(tx, _) => {
-                            let _ = tx.send(Err(AppendError::Storage(msg.clone())));
-                        }
-                        Reply::IngestBatch(tx, _) => {
-                            let _ = tx.send(Err(AppendError::Storage(msg.clone())));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Take a twin's record out of the batch being built, the cache, or the
-    /// tree (moved, not cloned: its state can be large). A refused request
-    /// gives it back with [`Writer::put_back`].
-    fn take_record(
+    /// Stage the open round's changes of this partition into `ops`.
+    fn close(
         &mut self,
-        twin: &TwinId,
-        pending: &mut Pending,
-    ) -> Result<(TwinRecord, Origin), AppendError> {
-        if let Some(r) = pending.dirty.remove(twin) {
-            return Ok((r, Origin::Pending));
+        round: u64,
+        applied: u64,
+        ops: &mut Ops,
+        publish: &mut Vec<(PartitionId, TwinId, Arc<TwinRecord>)>,
+        heads: &mut Vec<(PartitionId, u64)>,
+    ) {
+        self.touched = false;
+        let tree = self.tree_id();
+        let pending = std::mem::take(&mut self.pending);
+        pending.events.stage(tree, ops);
+        for (twin, rec) in pending.dirty {
+            ops.put(tree, &keys::twin(&twin), &codec::encode(&rec));
+            let rec = Arc::new(rec);
+            publish.push((self.id, twin.clone(), rec.clone()));
+            self.cache.insert(twin, Cached { rec, round });
         }
-        if let Some(r) = self.cache.remove(twin) {
-            return Ok((r, Origin::Cache));
+        if std::mem::take(&mut self.meta_dirty) {
+            ops.put(tree, &keys::META_KEY, &codec::encode(&self.meta));
+            heads.push((self.id, self.meta.head));
         }
-        match self.tree.get(keys::twin(twin)) {
-            Ok(Some(v)) => codec::decode(&v)
-                .map(|r| (r, Origin::Disk))
-                .map_err(|e| AppendError::Storage(format!("damaged twin record of {twin:?}: {e}"))),
-            Ok(None) => Ok((TwinRecord::default(), Origin::Disk)),
-            Err(e) => Err(AppendError::Storage(e.to_string())),
+        if std::mem::take(&mut self.source_dirty) {
+            if let Some(o) = self.source_offset {
+                ops.put(tree, &keys::SOURCE_OFFSET, &o.to_be_bytes());
+            }
+        }
+        if std::mem::take(&mut self.owner_dirty) {
+            ops.put(
+                TreeId::CLUSTER,
+                &self.id.0.to_be_bytes(),
+                &self.owner_fence.to_be_bytes(),
+            );
+        }
+        if self.cache.len() > CACHE_MAX {
+            // Records of rounds not yet applied must stay: sled does not
+            // have them yet.
+            self.cache.retain(|_, c| c.round > applied);
         }
     }
 
-    fn put_back(&mut self, twin: &TwinId, rec: TwinRecord, origin: Origin, pending: &mut Pending) {
-        match origin {
-            Origin::Pending => {
-                pending.dirty.insert(twin.clone(), rec);
-            }
-            Origin::Cache => {
-                self.cache.insert(twin.clone(), rec);
-            }
-            Origin::Disk => {}
+    /// Make sure the twin's record is in the open round or the cache.
+    fn load_record(&mut self, twin: &TwinId) -> Result<(), AppendError> {
+        if self.pending.dirty.contains_key(twin) || self.cache.contains_key(twin) {
+            return Ok(());
         }
+        // Not changed by any round the apply thread has not applied (those
+        // stay cached), so sled has its latest record.
+        let rec = match self.tree.get(keys::twin(twin)) {
+            Ok(Some(v)) => codec::decode(&v).map_err(|e| {
+                AppendError::Storage(format!("damaged twin record of {twin:?}: {e}"))
+            })?,
+            Ok(None) => TwinRecord::default(),
+            Err(e) => return Err(AppendError::Storage(e.to_string())),
+        };
+        self.cache.insert(
+            twin.clone(),
+            Cached {
+                rec: Arc::new(rec),
+                round: 0,
+            },
+        );
+        Ok(())
     }
 
+    /// The twin's latest record (after [`Partition::load_record`]).
+    fn peek(&self, twin: &TwinId) -> Option<&TwinRecord> {
+        self.pending
+            .dirty
+            .get(twin)
+            .or_else(|| self.cache.get(twin).map(|c| &*c.rec))
+    }
+
+    /// The twin's record, to change and put back into the open round
+    /// (copied out of the cache: the cached copy may be shared with readers
+    /// and with rounds in flight).
+    fn take_record(&mut self, twin: &TwinId) -> Result<TwinRecord, AppendError> {
+        if let Some(r) = self.pending.dirty.remove(twin) {
+            return Ok(r);
+        }
+        self.load_record(twin)?;
+        self.peek(twin)
+            .cloned()
+            .ok_or_else(|| AppendError::Storage(format!("twin record of {twin:?} not loaded")))
+    }
+
+    /// Register a lease grant whose scope this partition enforces and raise
+    /// the scope's fence to its token.
     fn grant(
         &mut self,
+        ops: &mut Ops,
         token: FencingToken,
-        scope: Scope,
-        holder: String,
-        pending: &mut Pending,
+        scope: &Scope,
+        holder: &str,
     ) -> Result<(), AppendError> {
-        match &scope {
-            Scope::Partition(_) => self.meta.fence = self.meta.fence.max(token.0),
+        match scope {
+            Scope::Partition(_) => {
+                self.meta.fence = fence::raise_by_grant(self.meta.fence, token);
+                self.meta_dirty = true;
+            }
             Scope::Twin(twin) => {
-                let (mut rec, _) = self.take_record(twin, pending)?;
-                rec.fence = rec.fence.max(token.0);
-                pending.dirty.insert(twin.clone(), rec);
+                let mut rec = self.take_record(twin)?;
+                rec.fence = fence::raise_by_grant(rec.fence, token);
+                self.pending.dirty.insert(twin.clone(), rec);
             }
         }
-        let g = TokenGrant { scope, holder };
-        pending
-            .batch
-            .insert(&keys::grant(token.0)[..], codec::encode(&g));
+        let g = TokenGrant {
+            scope: scope.clone(),
+            holder: holder.to_owned(),
+        };
+        ops.put(self.tree_id(), &keys::grant(token.0), &codec::encode(&g));
         self.grants.insert(token.0, g);
-        pending.grants_added.push(token.0);
-        debug!(partition = %self.partition, token = token.0, "fence raised by grant");
+        debug!(partition = %self.id, token = token.0, "fence raised by grant");
         Ok(())
+    }
+
+    fn raise_owner(&mut self, token: u64) {
+        if token > self.owner_fence {
+            self.owner_fence = token;
+            self.owner_dirty = true;
+        }
     }
 
     /// Check one append request and stage it. Everything is checked before
     /// anything is staged, so a refused request leaves no trace.
     fn append(
         &mut self,
+        ops: &mut Ops,
         cmd: &AppendReq,
-        pending: &mut Pending,
         offset: Option<u64>,
     ) -> Result<Appended, AppendError> {
-        let r = self.try_append(cmd, pending);
+        let r = self.try_append(ops, cmd);
         if let Err(e) = &r {
             // For HTTP the store refines NotIssued (it may be WrongScope) and
             // counts the final reason itself.
@@ -467,7 +800,7 @@ impl Writer {
                 self.shared.rejections.push(Rejection {
                     at_ms: now_ms(),
                     source: if offset.is_some() { "kafka" } else { "http" },
-                    partition: self.partition,
+                    partition: self.id,
                     offset,
                     twin: cmd.twin.clone(),
                     token: cmd.token,
@@ -480,28 +813,28 @@ impl Writer {
     }
 
     /// Apply, drop or dead-letter one source record and advance the stored
-    /// source offset, all staged in the current batch.
+    /// source offset, all staged in the open round.
     fn ingest(
         &mut self,
+        ops: &mut Ops,
         offset: u64,
         record: IngestRecord,
-        pending: &mut Pending,
     ) -> Result<IngestOutcome, AppendError> {
-        if let Some(e) = &pending.ingest_failed {
+        if let Some(e) = &self.pending.ingest_failed {
             return Err(e.clone());
         }
-        let r = self.ingest_one(offset, record, pending);
+        let r = self.ingest_one(ops, offset, record);
         if let Err(e) = &r {
-            pending.ingest_failed = Some(e.clone());
+            self.pending.ingest_failed = Some(e.clone());
         }
         r
     }
 
     fn ingest_one(
         &mut self,
+        ops: &mut Ops,
         offset: u64,
         record: IngestRecord,
-        pending: &mut Pending,
     ) -> Result<IngestOutcome, AppendError> {
         if self.source_offset.is_some_and(|o| offset <= o) {
             return Ok(IngestOutcome::AlreadyApplied);
@@ -518,15 +851,16 @@ impl Writer {
                     events,
                     if_match: None,
                 };
-                match self.append(&req, pending, Some(offset)) {
+                match self.append(ops, &req, Some(offset)) {
                     Ok(a) => IngestOutcome::Applied(a),
                     Err(e @ (AppendError::Storage(_) | AppendError::Closed)) => return Err(e),
                     Err(e) if is_drop(&e) => IngestOutcome::Dropped(e),
                     Err(e) => {
                         let reason = e.reason().to_owned();
                         self.stage_dead_letter(
+                            ops,
                             DeadLetter {
-                                partition: self.partition.0,
+                                partition: self.id.0,
                                 offset,
                                 key: Some(req.twin.to_string()),
                                 reason: reason.clone(),
@@ -536,37 +870,35 @@ impl Writer {
                                 value_len: 0,
                                 at_ms: now_ms(),
                             },
-                            pending,
                         );
                         IngestOutcome::DeadLettered { reason }
                     }
                 }
             }
             IngestRecord::Dead(mut dl) => {
-                dl.partition = self.partition.0;
+                dl.partition = self.id.0;
                 dl.offset = offset;
                 dl.at_ms = now_ms();
                 dl.value.truncate(DEAD_LETTER_VALUE_BYTES);
                 let reason = dl.reason.clone();
                 self.shared.metrics.rejected("dead_letter");
-                self.stage_dead_letter(dl, pending);
+                self.stage_dead_letter(ops, dl);
                 IngestOutcome::DeadLettered { reason }
             }
         };
         self.source_offset = Some(offset);
+        self.source_dirty = true;
         Ok(outcome)
     }
 
-    fn stage_dead_letter(&mut self, dl: DeadLetter, pending: &mut Pending) {
-        pending
-            .batch
-            .insert(&keys::dead_letter(dl.offset)[..], codec::encode(&dl));
-        self.dead_letters += 1;
-        if self.dead_letters > DEAD_LETTERS_PER_PARTITION {
-            // Prune the oldest stored one (keys sort by offset).
-            if let Some(Ok((k, _))) = self.tree.scan_prefix([keys::DEAD_LETTER]).next() {
-                pending.batch.remove(k);
-                self.dead_letters -= 1;
+    fn stage_dead_letter(&mut self, ops: &mut Ops, dl: DeadLetter) {
+        let tree = self.tree_id();
+        ops.put(tree, &keys::dead_letter(dl.offset), &codec::encode(&dl));
+        self.dead_letters.push_back(dl.offset);
+        while self.dead_letters.len() as u64 > DEAD_LETTERS_PER_PARTITION {
+            // Prune the oldest stored one.
+            if let Some(old) = self.dead_letters.pop_front() {
+                ops.remove(tree, &keys::dead_letter(old));
             }
         }
     }
@@ -575,13 +907,14 @@ impl Writer {
     /// event fields, patches, HLC drift. Dedupe needs no read (the window is
     /// in memory), so nothing after these checks can fail.
     fn check_append(&self, cmd: &AppendReq, rec: &TwinRecord) -> Result<(), AppendError> {
-        let fence = rec.fence.max(self.meta.fence);
-        if cmd.token.0 < fence {
-            return Err(AppendError::Stale {
-                token: cmd.token,
-                fence: FencingToken(fence),
-            });
-        }
+        let fences = Fences {
+            twin: rec.fence,
+            partition: self.meta.fence,
+        };
+        fence::admit(fences, cmd.token).map_err(|s| AppendError::Stale {
+            token: s.token,
+            fence: s.fence,
+        })?;
         if let Some(expected) = cmd.if_match {
             if expected != rec.version {
                 return Err(AppendError::VersionMismatch {
@@ -611,18 +944,14 @@ impl Writer {
         Ok(())
     }
 
-    fn try_append(
-        &mut self,
-        cmd: &AppendReq,
-        pending: &mut Pending,
-    ) -> Result<Appended, AppendError> {
+    fn try_append(&mut self, ops: &mut Ops, cmd: &AppendReq) -> Result<Appended, AppendError> {
         let t = cmd.token;
         let Some(grant) = self.grants.get(&t.0) else {
             // Not granted for this partition. The store refines this into
             // WrongScope when the token was issued for another scope.
             return Err(AppendError::NotIssued { token: t });
         };
-        if !grant.scope.covers(&cmd.twin, self.partition) {
+        if !grant.scope.covers(&cmd.twin, self.id) {
             return Err(AppendError::WrongScope {
                 token: t,
                 scope: grant.scope.clone(),
@@ -630,26 +959,26 @@ impl Writer {
             });
         }
         let holder = grant.holder.clone();
-        let partition_scoped = matches!(grant.scope, Scope::Partition(_));
-        let (mut rec, origin) = self.take_record(&cmd.twin, pending)?;
-        if let Err(e) = self.check_append(cmd, &rec) {
-            self.put_back(&cmd.twin, rec, origin, pending);
-            return Err(e);
-        }
+        let reach = match grant.scope {
+            Scope::Partition(_) => Reach::Partition,
+            Scope::Twin(_) => Reach::Twin,
+        };
+        self.load_record(&cmd.twin)?;
+        let rec = self
+            .peek(&cmd.twin)
+            .ok_or_else(|| AppendError::Storage("twin record not loaded".into()))?;
+        self.check_append(cmd, rec)?;
 
         // All checks passed: stage the events. Nothing below can fail.
+        let mut rec = self.take_record(&cmd.twin)?;
         let now_ms = now_ms();
+        let tree = self.tree_id();
         let mut seqs = Vec::with_capacity(cmd.events.len());
         let mut duplicates = 0;
         for e in &cmd.events {
             let dkey = keys::dedupe(&cmd.twin, &e.event_id);
-            // Earlier events of this commit (this request included) first.
-            let seen = pending
-                .dedupe
-                .get(&dkey)
-                .copied()
-                .or_else(|| self.dedupe.get(&dkey));
-            if let Some(seq) = seen {
+            // Earlier events (this request's too) are in the window already.
+            if let Some(seq) = self.dedupe.get(&dkey) {
                 seqs.push(seq);
                 duplicates += 1;
                 continue;
@@ -669,10 +998,10 @@ impl Writer {
                 patch: serde_json::to_string(&e.patch).unwrap_or_default(),
                 hlc,
             };
-            pending
+            self.pending
                 .events
                 .push(seq, &cmd.twin, &holder, t, now_ms, event);
-            pending.dedupe.insert(dkey, seq);
+            self.dedupe.insert(dkey, seq);
             rec.version = seq;
             rec.events += 1;
             if rec.events % self.shared.snapshot_every == 0 {
@@ -680,31 +1009,37 @@ impl Writer {
                     max_hlc: rec.state.max_hlc(),
                     state: rec.state.clone(),
                 };
-                pending
-                    .batch
-                    .insert(keys::snapshot(&cmd.twin, seq), codec::encode(&snap));
+                ops.put(tree, &keys::snapshot(&cmd.twin, seq), &codec::encode(&snap));
             }
             seqs.push(seq);
         }
-        rec.fence = rec.fence.max(t.0);
-        if partition_scoped {
-            self.meta.fence = self.meta.fence.max(t.0);
-        }
+        let marks = fence::raise_by_write(
+            Fences {
+                twin: rec.fence,
+                partition: self.meta.fence,
+            },
+            t,
+            reach,
+        );
+        rec.fence = marks.twin;
+        self.meta.fence = marks.partition;
+        self.meta_dirty = true;
         let out = Appended {
-            partition: self.partition,
+            partition: self.id,
             seqs,
             duplicates,
             fence: FencingToken(rec.fence),
             version: rec.version,
         };
-        pending.dirty.insert(cmd.twin.clone(), rec);
+        self.pending.dirty.insert(cmd.twin.clone(), rec);
         Ok(out)
     }
 }
 
-/// Where [`Writer::take_record`] found a twin record.
-enum Origin {
-    Pending,
-    Cache,
-    Disk,
+/// Partition `p`'s owner fence as stored in the `cluster` tree (0: none).
+pub(crate) fn owner_fence_in(tree: &sled::Tree, p: PartitionId) -> Result<u64, sled::Error> {
+    Ok(tree
+        .get(p.0.to_be_bytes())?
+        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+        .map_or(0, u64::from_be_bytes))
 }

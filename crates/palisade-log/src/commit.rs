@@ -1,0 +1,670 @@
+//! The committer: one group commit for the whole store.
+//!
+//! The sequencer (`writer.rs`) decides every request in order and closes
+//! *rounds*: the ops a batch of requests produced, with their replies. Two
+//! threads carry a round out:
+//!
+//! 1. **sync** takes every round queued (up to a cap), appends them to the
+//!    write-ahead log in one write and makes them durable with ONE
+//!    `fdatasync` of the log segment, whatever the number of partitions
+//!    they touch (`wal.rs`). The sequencer stages the next rounds meanwhile.
+//! 2. **apply** applies each synced round to sled (plain inserts and
+//!    removes; sled holds only what is durable), publishes the twin records
+//!    it wrote to the read cache and each partition's new head, and only
+//!    then sends the round's replies. Reads therefore never see what a crash
+//!    could take back, and a client that got its reply reads its own write.
+//!
+//! A third thread, **checkpoint**, makes sled itself durable from time to
+//! time (sled's flush, then `fsync` of each of its files) and deletes the
+//! log segments that covers.
+//!
+//! **Fail-stop.** The first storage error (a log write or sync, a sled
+//! write, a checkpoint) stops the store from acknowledging anything more:
+//! the failure is recorded once ([`Health`]), every reply not yet sent and
+//! every later request gets [`StorageFailure`] (HTTP 503), and nothing is
+//! rolled back in memory (after a failed `fsync` nobody knows what reached
+//! the disk; PostgreSQL stops for the same reason). Reads keep working from
+//! what was applied. A restart recovers from the log.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use palisade_core::{PartitionId, TwinId};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::cache::ReadCache;
+use crate::records::TwinRecord;
+use crate::wal::{self, decode_ops, encode_record, Op, Ops, TreeId, Wal};
+use crate::Metrics;
+
+/// Most log bytes written and synced in one go: past this the rest waits for
+/// the next sync, so one huge round does not hold every later one's reply.
+const MAX_SYNC_BYTES: usize = 8 << 20;
+
+/// A storage failure that stopped the store (fail-stop).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the store stopped accepting writes after a storage failure ({op}: {detail}); nothing after it was acknowledged; restart the store once the cause is fixed (it recovers from its write-ahead log)")]
+pub struct StorageFailure {
+    /// What failed: `wal write`, `wal sync`, `sled apply`, `checkpoint`, ...
+    pub op: &'static str,
+    /// The OS error kind, for callers that branch (disk full, ...).
+    pub kind: std::io::ErrorKind,
+    /// The error as the OS or sled reported it.
+    pub detail: String,
+    /// When (ms since 1970).
+    pub at_ms: u64,
+}
+
+impl StorageFailure {
+    pub(crate) fn new(op: &'static str, kind: std::io::ErrorKind, detail: String) -> Self {
+        Self {
+            op,
+            kind,
+            detail,
+            at_ms: crate::ingest::now_ms(),
+        }
+    }
+
+    fn io(op: &'static str, e: &std::io::Error) -> Self {
+        Self::new(op, e.kind(), e.to_string())
+    }
+
+    fn wal(op: &'static str, e: &wal::WalError) -> Self {
+        let kind = match e {
+            wal::WalError::Io { source, .. } => source.kind(),
+            _ => std::io::ErrorKind::InvalidData,
+        };
+        Self::new(op, kind, e.to_string())
+    }
+
+    fn sled(op: &'static str, e: &sled::Error) -> Self {
+        let kind = match e {
+            sled::Error::Io(io) => io.kind(),
+            _ => std::io::ErrorKind::Other,
+        };
+        Self::new(op, kind, e.to_string())
+    }
+}
+
+/// Whether the store may still acknowledge writes.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    failure: OnceLock<StorageFailure>,
+}
+
+impl Health {
+    pub fn failure(&self) -> Option<&StorageFailure> {
+        self.failure.get()
+    }
+
+    /// Record the first failure (later ones are consequences) and say so.
+    pub fn fail(&self, f: StorageFailure, metrics: &Metrics) -> StorageFailure {
+        if self.failure.set(f.clone()).is_ok() {
+            error!(op = f.op, error = %f.detail, "storage failure: the store accepts no more writes until it is restarted");
+            metrics.set_gauge(
+                "palisade_storage_failed",
+                "1 once a storage failure stopped the store from acknowledging writes (fail-stop; restart to recover).",
+                &[("op", f.op)],
+                1.0,
+            );
+        }
+        self.failure.get().cloned().unwrap_or(f)
+    }
+}
+
+/// Test hooks into the commit path (fault injection). `None` in production.
+pub trait CommitHooks: Send + Sync + std::fmt::Debug {
+    /// Called before each log sync with the rounds it will make durable. A
+    /// hook may block (to hold a round un-synced while a test reads) or fail
+    /// (an injected storage error, handled exactly like a failed `fdatasync`).
+    fn before_sync(&self, rounds: std::ops::RangeInclusive<u64>) -> std::io::Result<()>;
+}
+
+/// One reply, sent after its round is durable and applied (`Ok`) or when
+/// the store failed before that (`Err`).
+pub(crate) type Ack = Box<dyn FnOnce(Result<(), &StorageFailure>) + Send>;
+
+/// A closed commit round.
+pub(crate) struct Round {
+    pub no: u64,
+    pub ops: Ops,
+    pub acks: Vec<Ack>,
+    /// Twin records to publish to the read cache once applied.
+    pub publish: Vec<(PartitionId, TwinId, Arc<TwinRecord>)>,
+    /// Partition heads to publish once applied.
+    pub heads: Vec<(PartitionId, u64)>,
+    /// Requests the round answers (for metrics).
+    pub requests: usize,
+}
+
+impl Round {
+    fn fail(self, f: &StorageFailure) {
+        for a in self.acks {
+            a(Err(f));
+        }
+    }
+}
+
+pub(crate) enum ToSync {
+    Round(Round),
+    Stop,
+}
+
+enum ToApply {
+    Rounds(Vec<Round>),
+    Stop,
+}
+
+/// The sled trees ops name, by [`TreeId`].
+#[derive(Debug, Clone)]
+pub(crate) struct Trees {
+    pub partitions: Vec<sled::Tree>,
+    pub meta: sled::Tree,
+    pub leases: sled::Tree,
+    pub audit: sled::Tree,
+    pub token_owners: sled::Tree,
+    pub cluster: sled::Tree,
+}
+
+impl Trees {
+    fn get(&self, id: TreeId) -> Option<&sled::Tree> {
+        match id {
+            TreeId::META => Some(&self.meta),
+            TreeId::LEASES => Some(&self.leases),
+            TreeId::AUDIT => Some(&self.audit),
+            TreeId::TOKEN_OWNERS => Some(&self.token_owners),
+            TreeId::CLUSTER => Some(&self.cluster),
+            TreeId(p) => self.partitions.get(p as usize),
+        }
+    }
+
+    /// Apply one round's payload, in order.
+    pub fn apply(&self, payload: &[u8]) -> Result<(), StorageFailure> {
+        for op in decode_ops(payload) {
+            let op = op.map_err(|e| {
+                StorageFailure::new("sled apply", std::io::ErrorKind::InvalidData, e.to_string())
+            })?;
+            let (tree, r) = match op {
+                Op::Put { tree, key, value } => {
+                    (tree, self.tree(tree)?.insert(key, value).map(drop))
+                }
+                Op::Remove { tree, key } => (tree, self.tree(tree)?.remove(key).map(drop)),
+            };
+            r.map_err(|e| {
+                let mut f = StorageFailure::sled("sled apply", &e);
+                f.detail = format!("tree {:#x}: {}", tree.0, f.detail);
+                f
+            })?;
+        }
+        Ok(())
+    }
+
+    fn tree(&self, id: TreeId) -> Result<&sled::Tree, StorageFailure> {
+        self.get(id).ok_or_else(|| {
+            StorageFailure::new(
+                "sled apply",
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "an op names tree {:#x}, which this store does not have",
+                    id.0
+                ),
+            )
+        })
+    }
+}
+
+/// What the commit threads share with the store.
+#[derive(Debug)]
+pub(crate) struct CommitShared {
+    pub health: Arc<Health>,
+    pub metrics: Arc<Metrics>,
+    /// The last round applied to sled (and so durable and visible).
+    pub applied: AtomicU64,
+    pub cache: Arc<ReadCache>,
+}
+
+/// The running commit threads.
+#[derive(Debug)]
+pub(crate) struct Committer {
+    sync: Option<JoinHandle<()>>,
+    apply: Option<JoinHandle<()>>,
+    checkpoint: Option<JoinHandle<()>>,
+    checkpointer: Arc<Checkpointer>,
+}
+
+/// Settings of the commit path.
+#[derive(Debug, Clone)]
+pub(crate) struct CommitConfig {
+    pub checkpoint_every: Duration,
+    /// Log bytes after which a checkpoint is due before `checkpoint_every`.
+    pub checkpoint_bytes: u64,
+    pub hooks: Option<Arc<dyn CommitHooks>>,
+}
+
+impl Committer {
+    /// Start the threads. `heads` are the partitions' durable-head senders.
+    pub fn start(
+        wal: Wal,
+        db: sled::Db,
+        data_dir: PathBuf,
+        trees: Trees,
+        shared: Arc<CommitShared>,
+        heads: Vec<watch::Sender<u64>>,
+        config: CommitConfig,
+    ) -> std::io::Result<(Self, mpsc::Sender<ToSync>)> {
+        let wal = Arc::new(Mutex::new(wal));
+        let checkpointer = Arc::new(Checkpointer {
+            db,
+            data_dir,
+            wal: wal.clone(),
+            shared: shared.clone(),
+            state: Mutex::new(CheckpointState::default()),
+            wake: Condvar::new(),
+            synced_files: Mutex::new(HashSet::new()),
+            bytes_since: AtomicU64::new(0),
+            bytes_due: config.checkpoint_bytes,
+            every: config.checkpoint_every,
+        });
+        let (sync_tx, sync_rx) = mpsc::channel();
+        let (apply_tx, apply_rx) = mpsc::channel();
+        let sync = {
+            let (shared, cp, hooks) = (shared.clone(), checkpointer.clone(), config.hooks.clone());
+            std::thread::Builder::new()
+                .name("palisade-sync".into())
+                .spawn(move || {
+                    sync_loop(&sync_rx, &apply_tx, &wal, &shared, &cp, hooks.as_deref())
+                })?
+        };
+        let apply = {
+            let (shared, cp) = (shared.clone(), checkpointer.clone());
+            std::thread::Builder::new()
+                .name("palisade-apply".into())
+                .spawn(move || apply_loop(&apply_rx, &trees, &shared, &heads, &cp))?
+        };
+        let checkpoint = {
+            let cp = checkpointer.clone();
+            std::thread::Builder::new()
+                .name("palisade-checkpoint".into())
+                .spawn(move || cp.run())?
+        };
+        Ok((
+            Self {
+                sync: Some(sync),
+                apply: Some(apply),
+                checkpoint: Some(checkpoint),
+                checkpointer,
+            },
+            sync_tx,
+        ))
+    }
+
+    /// Wait for the sync and apply threads to finish (after the sequencer
+    /// sent `Stop`), then take a last checkpoint unless the store failed, so
+    /// the next open has no log to replay. Blocking.
+    pub fn finish(&mut self) {
+        for h in [self.sync.take(), self.apply.take()].into_iter().flatten() {
+            let _ = h.join();
+        }
+        self.checkpointer.stop();
+        if let Some(h) = self.checkpoint.take() {
+            let _ = h.join();
+        }
+        if self.checkpointer.shared.health.failure().is_none() {
+            let r = self.checkpointer.checkpoint().and_then(|()| {
+                self.checkpointer
+                    .wal
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove_all()
+                    .map_err(|e| StorageFailure::wal("checkpoint", &e))
+            });
+            if let Err(f) = r {
+                warn!(error = %f, "final checkpoint failed; the next open replays the log");
+            }
+        }
+    }
+}
+
+fn sync_loop(
+    rx: &mpsc::Receiver<ToSync>,
+    apply: &mpsc::Sender<ToApply>,
+    wal: &Mutex<Wal>,
+    shared: &CommitShared,
+    cp: &Checkpointer,
+    hooks: Option<&dyn CommitHooks>,
+) {
+    let mut buf = Vec::new();
+    let mut carry: Option<ToSync> = None;
+    loop {
+        let first = match carry.take() {
+            Some(m) => m,
+            None => match rx.recv() {
+                Ok(m) => m,
+                Err(_) => break,
+            },
+        };
+        let mut rounds = Vec::new();
+        let mut bytes = 0;
+        let mut stop = false;
+        let mut next = Some(first);
+        while let Some(m) = next.take() {
+            match m {
+                ToSync::Stop => stop = true,
+                ToSync::Round(r) => {
+                    bytes += r.ops.bytes();
+                    rounds.push(r);
+                }
+            }
+            if stop {
+                break;
+            }
+            match rx.try_recv() {
+                Ok(m) if bytes < MAX_SYNC_BYTES => next = Some(m),
+                Ok(m) => carry = Some(m),
+                Err(_) => {}
+            }
+        }
+        if !rounds.is_empty() {
+            match sync_rounds(&rounds, &mut buf, wal, shared, hooks) {
+                Ok(()) => {
+                    cp.wrote(buf.len() as u64);
+                    let _ = apply.send(ToApply::Rounds(rounds));
+                }
+                Err(f) => {
+                    let f = shared.health.fail(f, &shared.metrics);
+                    for r in rounds {
+                        r.fail(&f);
+                    }
+                }
+            }
+        }
+        if stop {
+            break;
+        }
+    }
+    let _ = apply.send(ToApply::Stop);
+}
+
+/// Append `rounds` to the log and sync it once.
+fn sync_rounds(
+    rounds: &[Round],
+    buf: &mut Vec<u8>,
+    wal: &Mutex<Wal>,
+    shared: &CommitShared,
+    hooks: Option<&dyn CommitHooks>,
+) -> Result<(), StorageFailure> {
+    if let Some(f) = shared.health.failure() {
+        return Err(f.clone());
+    }
+    let (Some(first), Some(last)) = (rounds.first(), rounds.last()) else {
+        return Ok(());
+    };
+    buf.clear();
+    for r in rounds {
+        encode_record(r.no, r.ops.payload(), buf);
+    }
+    let started = Instant::now();
+    let file = {
+        let mut wal = wal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Rounds are numbered by the sequencer; the log must get them with
+        // no gap, or recovery would stop at the gap and lose what follows.
+        if wal.next_round() != first.no {
+            return Err(StorageFailure::new(
+                "wal write",
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "round {} handed to the log, which expects round {} (a bug)",
+                    first.no,
+                    wal.next_round()
+                ),
+            ));
+        }
+        wal.append(buf, rounds.len() as u64)
+            .map_err(|e| StorageFailure::wal("wal write", &e))?
+    };
+    if let Some(h) = hooks {
+        h.before_sync(first.no..=last.no)
+            .map_err(|e| StorageFailure::io("wal sync", &e))?;
+    }
+    file.sync_data()
+        .map_err(|e| StorageFailure::io("wal sync", &e))?;
+    let requests = rounds.iter().map(|r| r.requests).sum();
+    shared.metrics.flushed(started.elapsed(), requests);
+    Ok(())
+}
+
+fn apply_loop(
+    rx: &mpsc::Receiver<ToApply>,
+    trees: &Trees,
+    shared: &CommitShared,
+    heads: &[watch::Sender<u64>],
+    cp: &Checkpointer,
+) {
+    while let Ok(ToApply::Rounds(rounds)) = rx.recv() {
+        for r in rounds {
+            if let Some(f) = shared.health.failure() {
+                r.fail(f);
+                continue;
+            }
+            if let Err(f) = trees.apply(r.ops.payload()) {
+                let f = shared.health.fail(f, &shared.metrics);
+                r.fail(&f);
+                continue;
+            }
+            for (p, twin, rec) in r.publish {
+                shared.cache.put(p, twin, rec);
+            }
+            for (p, head) in r.heads {
+                if let Some(h) = heads.get(p.0 as usize) {
+                    h.send_if_modified(|cur| {
+                        let changed = *cur != head;
+                        *cur = head;
+                        changed
+                    });
+                }
+            }
+            shared.applied.store(r.no, Ordering::Release);
+            for a in r.acks {
+                a(Ok(()));
+            }
+        }
+        cp.maybe_due();
+    }
+}
+
+#[derive(Debug, Default)]
+struct CheckpointState {
+    stop: bool,
+    due: bool,
+    /// The last round a checkpoint covered.
+    done_through: u64,
+}
+
+/// Makes sled durable and trims the log.
+#[derive(Debug)]
+pub(crate) struct Checkpointer {
+    db: sled::Db,
+    data_dir: PathBuf,
+    wal: Arc<Mutex<Wal>>,
+    shared: Arc<CommitShared>,
+    state: Mutex<CheckpointState>,
+    wake: Condvar,
+    /// sled blob files already synced (they are written once, never changed).
+    synced_files: Mutex<HashSet<OsString>>,
+    bytes_since: AtomicU64,
+    bytes_due: u64,
+    every: Duration,
+}
+
+impl Checkpointer {
+    fn wrote(&self, n: u64) {
+        self.bytes_since.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn maybe_due(&self) {
+        if self.bytes_since.load(Ordering::Relaxed) >= self.bytes_due {
+            let mut s = self.lock();
+            s.due = true;
+            self.wake.notify_one();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CheckpointState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn stop(&self) {
+        self.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self) {
+        loop {
+            {
+                let s = self.lock();
+                let (mut s, _) = self
+                    .wake
+                    .wait_timeout_while(s, self.every, |s| !s.stop && !s.due)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if s.stop {
+                    return;
+                }
+                s.due = false;
+            }
+            if self.shared.health.failure().is_some() {
+                continue;
+            }
+            if let Err(f) = self.checkpoint() {
+                self.shared.health.fail(f, &self.shared.metrics);
+            }
+        }
+    }
+
+    /// Make everything applied so far durable in sled and delete the log
+    /// segments it covers.
+    pub fn checkpoint(&self) -> Result<(), StorageFailure> {
+        let through = self.shared.applied.load(Ordering::Acquire);
+        if through == self.lock().done_through {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.bytes_since.store(0, Ordering::Relaxed);
+        self.db
+            .flush()
+            .map_err(|e| StorageFailure::sled("checkpoint", &e))?;
+        sync_sled_files(&self.data_dir, &self.synced_files)
+            .map_err(|e| StorageFailure::io("checkpoint", &e))?;
+        let removed = self
+            .wal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove_through(through)
+            .map_err(|e| StorageFailure::wal("checkpoint", &e))?;
+        self.lock().done_through = through;
+        self.shared
+            .metrics
+            .checkpointed(started.elapsed(), removed as u64);
+        Ok(())
+    }
+}
+
+/// `fsync` every file sled keeps in `dir` (its `db` file, `conf`,
+/// snapshots) and every blob file not synced before, then the directories,
+/// so that what sled's `flush` wrote is on the device and its new files'
+/// entries too. sled's own flush only issues `sync_file_range` and never
+/// syncs blob files (spacejam/sled #1452, #1351).
+pub(crate) fn sync_sled_files(
+    dir: &Path,
+    synced_blobs: &Mutex<HashSet<OsString>>,
+) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            File::open(entry.path())?.sync_all()?;
+        }
+    }
+    let blobs = dir.join("blobs");
+    if blobs.is_dir() {
+        let mut seen = synced_blobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut present = HashSet::new();
+        for entry in std::fs::read_dir(&blobs)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if !seen.contains(&name) {
+                match File::open(entry.path()) {
+                    Ok(f) => f.sync_all()?,
+                    // sled removed it meanwhile (an obsolete blob).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            present.insert(name);
+        }
+        *seen = present;
+        File::open(&blobs)?.sync_all()?;
+    }
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Replay what the log holds into sled on open, make it durable, and delete
+/// the log. Returns the next round number and how many rounds were replayed.
+pub(crate) fn recover(
+    db: &sled::Db,
+    data_dir: &Path,
+    wal_dir: &Path,
+    trees: &Trees,
+) -> Result<(u64, usize), RecoverError> {
+    let rec = wal::recover(wal_dir)?;
+    let next = rec.rounds.last().map_or(1, |(r, _)| r + 1);
+    let replayed = rec.rounds.len();
+    for (round, payload) in &rec.rounds {
+        trees.apply(payload).map_err(|f| RecoverError::Apply {
+            round: *round,
+            failure: f,
+        })?;
+    }
+    if rec.torn_bytes > 0 {
+        warn!(
+            bytes = rec.torn_bytes,
+            "write-ahead log: cut a torn tail (rounds never acknowledged)"
+        );
+    }
+    if !rec.segments.is_empty() {
+        db.flush()?;
+        sync_sled_files(data_dir, &Mutex::new(HashSet::new()))
+            .map_err(|e| RecoverError::Sync(e.to_string()))?;
+        wal::remove_files(wal_dir, &rec.segments)?;
+    }
+    if replayed > 0 {
+        info!(rounds = replayed, "write-ahead log replayed into sled");
+    }
+    Ok((next, replayed))
+}
+
+/// Why the log could not be replayed on open.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error(transparent)]
+    Wal(#[from] wal::WalError),
+    #[error("replaying round {round} of the write-ahead log: {failure}")]
+    Apply { round: u64, failure: StorageFailure },
+    #[error("making the replayed log durable in sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("making the replayed log durable in sled: {0}")]
+    Sync(String),
+}
