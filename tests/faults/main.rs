@@ -25,6 +25,12 @@ mod clock;
 #[path = "05_pause_kafka.rs"]
 mod pause_kafka;
 
+#[path = "06_syscalls.rs"]
+mod syscalls;
+
+#[path = "07_full_disk.rs"]
+mod full_disk;
+
 #[path = "../kafka/broker.rs"]
 #[allow(dead_code)]
 mod broker;

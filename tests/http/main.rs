@@ -27,6 +27,9 @@ mod watch;
 #[path = "06_shadow.rs"]
 mod shadow;
 
+#[path = "07_durable.rs"]
+mod durable;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use palisade::core::{partition_for, TwinId};

@@ -192,21 +192,23 @@ async fn requests_per_principal_are_rate_limited_with_retry_after() {
     assert_eq!(s.acquire("worker-b", "twin/device-2").await.status, 201);
     // Requests without a valid key share one budget: 4 refusals with 401
     // (audited), then 429 (not audited).
-    let audited = |s: &crate::Secure| s.store.audit().list(0, 10_000).unwrap().len();
+    async fn audited(s: &crate::Secure) -> usize {
+        s.store.audit().list(0, 10_000).await.unwrap().len()
+    }
     for _ in 0..4 {
         let r = s
             .call(Some("!bad"), Method::GET, "/v1/twins/device-1", None, &[])
             .await;
         assert_error(&r, 401, "unauthenticated");
     }
-    let n = audited(&s);
+    let n = audited(&s).await;
     let r = s
         .call(None, Method::GET, "/v1/twins/device-1", None, &[])
         .await;
     assert_error(&r, 429, "rate_limited");
     assert!(r.headers.get("retry-after").is_some());
     assert_eq!(
-        audited(&s),
+        audited(&s).await,
         n,
         "a rate-limited unauthenticated request was audited"
     );

@@ -148,7 +148,7 @@ async fn lease_operations_and_refusals_are_audited() {
     let data = s.dir.path().join("data");
     let _dir = s.stop().await;
     let store = crate::support::open_store(&data, StoreConfig::default());
-    let kept = store.audit().list(0, 1000).unwrap();
+    let kept = store.audit().list(0, 1000).await.unwrap();
     store.close().await;
     assert_eq!(kept.len(), records.len());
     assert_eq!(kept[0].action, AuditAction::Grant);

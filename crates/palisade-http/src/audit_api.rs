@@ -76,7 +76,8 @@ pub(crate) async fn audit(
     let records: Vec<AuditOut> = s
         .store
         .audit()
-        .list(q.after.unwrap_or(0), limit)?
+        .list(q.after.unwrap_or(0), limit)
+        .await?
         .into_iter()
         .map(|r| AuditOut {
             seq: r.seq,

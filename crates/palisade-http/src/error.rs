@@ -249,6 +249,13 @@ impl From<crate::guard::Refusal> for ApiError {
 
 impl From<palisade_log::AuditError> for ApiError {
     fn from(e: palisade_log::AuditError) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
+        match e {
+            palisade_log::AuditError::Failed(f) => Self::storage_failed(&f),
+            other => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "storage",
+                other.to_string(),
+            ),
+        }
     }
 }

@@ -355,8 +355,11 @@ impl AuditLog {
         self.write_durably(Vec::new()).await
     }
 
-    /// Records with a seq above `after`, oldest first.
-    pub fn list(&self, after: u64, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
+    /// Records with a seq above `after`, oldest first: every record written
+    /// before the call (they become readable once their round is durable,
+    /// which this waits for).
+    pub async fn list(&self, after: u64, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
+        self.flush().await?;
         let mut out = Vec::new();
         for kv in self.records.range(after.saturating_add(1).to_be_bytes()..) {
             if out.len() >= limit {
@@ -485,8 +488,7 @@ mod tests {
             for i in 0..5 {
                 log.record(rec(&format!("p{i}")));
             }
-            log.flush().await.unwrap();
-            let all = log.list(0, 100).unwrap();
+            let all = log.list(0, 100).await.unwrap();
             let names: Vec<_> = all.iter().map(|r| r.principal.as_str()).collect();
             assert_eq!(names, ["p2", "p3", "p4"]);
             assert_eq!(all[0].seq, 3);
@@ -494,8 +496,7 @@ mod tests {
         }
         let store = crate::Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
         assert_eq!(store.audit().record(rec("again")), 6);
-        store.audit().flush().await.unwrap();
-        assert_eq!(store.audit().list(5, 100).unwrap().len(), 1);
+        assert_eq!(store.audit().list(5, 100).await.unwrap().len(), 1);
         store.close().await;
     }
 }

@@ -16,10 +16,13 @@
 //!
 //! A third thread, **checkpoint**, makes sled itself durable from time to
 //! time (sled's flush, then `fsync` of each of its files) and deletes the
-//! log segments that covers.
+//! log segments that covers. Nothing acknowledged depends on a checkpoint
+//! (the log holds it), so a failed one is reported and retried, not fatal;
+//! if sled itself can no longer write, the next apply fails and that is.
 //!
-//! **Fail-stop.** The first storage error (a log write or sync, a sled
-//! write, a checkpoint) stops the store from acknowledging anything more:
+//! **Fail-stop.** The first storage error on the path of an acknowledgement
+//! (a log write or sync, a sled write) stops the store from acknowledging
+//! anything more:
 //! the failure is recorded once ([`Health`]), every reply not yet sent and
 //! every later request gets [`StorageFailure`] (HTTP 503), and nothing is
 //! rolled back in memory (after a failed `fsync` nobody knows what reached
@@ -547,7 +550,14 @@ impl Checkpointer {
                 continue;
             }
             if let Err(f) = self.checkpoint() {
-                self.shared.health.fail(f, &self.shared.metrics);
+                // The log keeps every round until a checkpoint succeeds.
+                warn!(error = %f, "checkpoint failed; the write-ahead log keeps its segments and the next checkpoint retries");
+                self.shared.metrics.add(
+                    "palisade_checkpoint_failures_total",
+                    "Checkpoints that failed (retried; the write-ahead log keeps what they would have trimmed).",
+                    &[],
+                    1,
+                );
             }
         }
     }

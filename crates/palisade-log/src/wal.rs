@@ -291,6 +291,12 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, WalError> {
         {
             return Err(WalError::BadSegment { path });
         }
+        if bytes.len() == SEGMENT_HEADER_LEN {
+            // A segment that never got a round (created just before a
+            // crash, or left by a failed rotation): nothing to read, and no
+            // gap either.
+            continue;
+        }
         if let Some(e) = expected {
             if first != e {
                 return Err(WalError::Gap {
@@ -302,15 +308,10 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, WalError> {
         }
         let mut next = first;
         let mut at = SEGMENT_HEADER_LEN;
-        loop {
-            match read_record(&bytes[at..], next) {
-                Some((payload, used)) => {
-                    rec.rounds.push((next, payload.to_vec()));
-                    at += used;
-                    next += 1;
-                }
-                None => break,
-            }
+        while let Some((payload, used)) = read_record(&bytes[at..], next) {
+            rec.rounds.push((next, payload.to_vec()));
+            at += used;
+            next += 1;
         }
         expected = Some(next);
         if at < bytes.len() {
@@ -385,10 +386,21 @@ impl Wal {
     pub fn append(&mut self, records: &[u8], rounds: u64) -> Result<Arc<File>, WalError> {
         // A segment holds at least one round, however small the limit.
         if self.len >= self.segment_bytes && self.next_round > self.current.first_round {
-            let next = new_segment(&self.dir, self.next_round)?;
-            let old = std::mem::replace(&mut self.current, next);
-            self.closed.push(old);
-            self.len = SEGMENT_HEADER_LEN as u64;
+            match new_segment(&self.dir, self.next_round) {
+                Ok(next) => {
+                    let old = std::mem::replace(&mut self.current, next);
+                    self.closed.push(old);
+                    self.len = SEGMENT_HEADER_LEN as u64;
+                }
+                // Out of file descriptors, say: nothing is lost by going on
+                // in the current segment; the next append tries again. A
+                // half-created segment holds no round and is skipped (and
+                // deleted) by recovery.
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a new write-ahead log segment; appending to the current one");
+                    let _ = std::fs::remove_file(self.dir.join(segment_name(self.next_round)));
+                }
+            }
         }
         let path = self.current.path.clone();
         (&*self.current.file)
