@@ -4,17 +4,20 @@
 //! meaningful even on a noisy machine (absolute numbers are not).
 //!
 //! - `raw_sled/<n>`: the limit. One `sled::Batch` of `n` encoded events under
-//!   the store's event keys (`0x01 ++ seq` big-endian), `apply_batch`, `flush`.
-//!   No fencing, no dedupe, no twin state.
+//!   the store's event keys (`0x01 ++ seq` big-endian), `apply_batch`,
+//!   `flush`, and an `fdatasync` of sled's `db` file: the same real sync the
+//!   store pays (sled's flush alone is `sync_file_range`, not durability;
+//!   decision 0015). No fencing, no dedupe, no twin state.
 //! - `palisade/<n>`: `Store::append` of `n` events to one twin with a lease
-//!   acquired once: fence check, dedupe (in memory), LWW state apply, one
-//!   event-batch value + one history entry + the twin record, one flush
-//!   (on-disk layout 2, docs/decisions/0013-event-batches.md).
+//!   acquired once: sequencer (fence check, dedupe in memory, LWW state
+//!   apply), one write-ahead log record + `fdatasync`, then the event-batch
+//!   value, history entry, twin record and meta applied to sled (on-disk
+//!   layout 2, docs/decisions/0013-event-batches.md).
 //! - `raw_sled_store_keys/<n>` (diagnostic, not a baseline): the sled work
 //!   of `palisade/<n>` without the store's CPU work: one value holding the
 //!   `n` encoded events (a `Vec<Event>`, a few bytes per event larger than
 //!   the store's batch), one history entry, a twin record and the partition
-//!   meta; `apply_batch`, `flush`. Splits the gap into key layout (raw_sled
+//!   meta; `apply_batch`, `flush`, `fdatasync`. Splits the gap into key layout (raw_sled
 //!   -> store_keys) and fenced-path CPU (store_keys -> palisade).
 //! - `palisade_concurrent/16x16`: 16 appends of 16 events to 16 twins of one
 //!   partition issued at once, so the writer folds them into group commits.
@@ -167,6 +170,7 @@ fn durable_append(c: &mut Criterion) {
         .open()
         .unwrap();
     let raw = raw_db.open_tree("partition/00000").unwrap();
+    let raw_file = std::fs::File::open(raw_dir.path().join("db")).unwrap();
     let raw_twin = TwinId::new("pump-raw").unwrap();
     let mut raw_seq = 0u64;
 
@@ -177,6 +181,7 @@ fn durable_append(c: &mut Criterion) {
         .open()
         .unwrap();
     let keys = keys_db.open_tree("partition/00000").unwrap();
+    let keys_file = std::fs::File::open(keys_dir.path().join("db")).unwrap();
     let keys_twin = TwinId::new("pump-1").unwrap();
     let twin_record = sled::IVec::from(twin_record_standin(&patch));
     let mut keys_seq = 0u64;
@@ -204,6 +209,7 @@ fn durable_append(c: &mut Criterion) {
                 |batch| {
                     raw.apply_batch(batch).unwrap();
                     black_box(raw.flush().unwrap());
+                    raw_file.sync_data().unwrap();
                 },
                 BatchSize::SmallInput,
             );
@@ -231,6 +237,7 @@ fn durable_append(c: &mut Criterion) {
                     batch.insert(&[0x07u8][..], &head.to_be_bytes()[..]);
                     keys.apply_batch(batch).unwrap();
                     black_box(keys.flush().unwrap());
+                    keys_file.sync_data().unwrap();
                 },
                 BatchSize::SmallInput,
             );

@@ -60,6 +60,8 @@ pub struct Plan {
     pub scaling_partitions: Vec<u32>,
     pub scaling_twins: Vec<u64>,
     pub recovery_sizes: Vec<u64>,
+    /// Extra connection counts of the single-event append case.
+    pub single_connections: Vec<usize>,
 }
 
 /// `--postgres`.
@@ -121,6 +123,13 @@ impl Plan {
                 .map_or_else(|| "bench".into(), |s| s.to_string_lossy().into_owned());
             out.with_file_name(format!("{stem}-plots"))
         });
+        if let Some(c) = cfg
+            .single_connections
+            .iter()
+            .find(|c| !(1..=4096).contains(*c))
+        {
+            bail!("--single-connections must each be 1..=4096, got {c}");
+        }
         let mut scaling_twins = vec![1_000, 100_000];
         if cfg.million_twins {
             scaling_twins.push(1_000_000);
@@ -154,6 +163,7 @@ impl Plan {
             churn_ttl: Duration::from_millis(if quick { 150 } else { 300 }),
             scaling_partitions: vec![1, 4, 16, 64],
             scaling_twins,
+            single_connections: cfg.single_connections.clone(),
             recovery_sizes: if quick {
                 vec![1_000, 10_000]
             } else {
@@ -185,6 +195,7 @@ impl Plan {
             "scaling_partitions": self.scaling_partitions,
             "scaling_twins": self.scaling_twins,
             "recovery_sizes": self.recovery_sizes,
+            "single_connections": self.single_connections,
         })
     }
 }
@@ -508,6 +519,24 @@ fn headline(s: BenchScenario, sums: &[Summary]) -> BTreeMap<String, f64> {
                     "ratio_vs_postgres",
                 ] {
                     put(&format!("single_{k}"), one.get(k));
+                }
+            }
+            for x in sums.iter().filter(|x| {
+                x.name.starts_with("append/batch=1/conns=") && x.name.ends_with("/palisade")
+            }) {
+                let conns = x
+                    .name
+                    .split('/')
+                    .find_map(|p| p.strip_prefix("conns="))
+                    .unwrap_or("?");
+                for k in [
+                    "events_per_s",
+                    "p99_ms",
+                    "ratio_vs_raw_sled",
+                    "ratio_vs_http_null",
+                    "ratio_vs_postgres",
+                ] {
+                    put(&format!("single_c{conns}_{k}"), x.get(k));
                 }
             }
         }

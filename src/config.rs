@@ -129,6 +129,16 @@ pub struct BenchConfig {
     /// with a notice) or `off`.
     #[arg(long, env = "PALISADE_BENCH_POSTGRES", default_value = "auto")]
     pub postgres: String,
+    /// `append`: also run the single-event case at these connection counts
+    /// (comma-separated), each beside raw sled and PostgreSQL at the same
+    /// count. Empty: none.
+    #[arg(
+        long,
+        env = "PALISADE_BENCH_SINGLE_CONNECTIONS",
+        value_delimiter = ',',
+        default_value = "32,64"
+    )]
+    pub single_connections: Vec<usize>,
     /// `scaling`: also run with 1,000,000 twins (slow; off by default).
     #[arg(long, env = "PALISADE_BENCH_MILLION_TWINS")]
     pub million_twins: bool,

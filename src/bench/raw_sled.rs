@@ -1,7 +1,10 @@
-//! The limit: raw sled batch insert + flush of the same events, no fencing,
-//! no dedupe, no twin state, no HTTP. W threads, each appending batches of N
-//! encoded events to its partition's tree (P trees, as the store has) and
-//! flushing after every batch, as a partition writer does per group commit.
+//! The limit: raw sled batch insert + flush of the same events, made durable
+//! for real, no fencing, no dedupe, no twin state, no HTTP. W threads, each
+//! appending batches of N encoded events to its partition's tree (P trees)
+//! with one `apply_batch`, then sled's `flush` and an `fdatasync` of sled's
+//! `db` file: sled's flush alone is `sync_file_range`, which is not
+//! durability (decision 0015), so the baseline pays the same real sync per
+//! commit that the store pays per round.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +57,9 @@ pub async fn run(
     .await
     .context("sled open task")?
     .context("cannot open sled")?;
+    let db_file = Arc::new(
+        std::fs::File::open(dir.path().join("db")).context("cannot open sled's db file")?,
+    );
     let mut trees = Vec::new();
     for p in 0..partitions {
         trees.push(db.open_tree(format!("partition/{p:05}"))?);
@@ -66,7 +72,8 @@ pub async fn run(
         let p = w % partitions.max(1) as usize;
         let tree = trees[p].clone();
         let value = encoded_event(events, w)?;
-        let (phase, live, seqs) = (phase.clone(), live.clone(), seqs.clone());
+        let (phase, live, seqs, db_file) =
+            (phase.clone(), live.clone(), seqs.clone(), db_file.clone());
         let h = std::thread::Builder::new()
             .name(format!("bench-sled-{w}"))
             .spawn(move || -> anyhow::Result<OpStats> {
@@ -83,6 +90,7 @@ pub async fn run(
                     }
                     tree.apply_batch(b)?;
                     tree.flush()?;
+                    db_file.sync_data()?;
                     if phase.get() == MEASURE {
                         stats.requests += 1;
                         stats.events += batch as u64;

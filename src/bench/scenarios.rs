@@ -284,18 +284,31 @@ pub async fn append(ctx: &Ctx) -> anyhow::Result<RunOut> {
     .await?;
     let tokens = tokens_of(&held, p);
     let twins = Twins::new(plan.twins, p)?;
-    let per_writer = twins.per_writer(p, plan.writers);
     let null = NullServer::start(&ctx.rt.handle(), axum::body::Bytes::from_static(b"{}"))?;
     let pg_conn = ctx.postgres_conn(&twins).await?;
-    let mut batches = vec![1];
-    if plan.batch > 1 {
-        batches.push(plan.batch);
+    // (batch, connections): single events at W, then at each of
+    // `--single-connections` (32 and 64 by default), then batches at W.
+    let mut configs = vec![(1, plan.writers)];
+    for &c in &plan.single_connections {
+        if !configs.contains(&(1, c)) {
+            configs.push((1, c));
+        }
     }
-    for batch in batches {
-        let prefix = format!("append/batch={batch}");
+    if plan.batch > 1 {
+        configs.push((plan.batch, plan.writers));
+    }
+    for (batch, conns) in configs {
+        let per_writer = twins.per_writer(p, conns);
+        // The default connection count keeps its historical case names.
+        let prefix = if conns == plan.writers {
+            format!("append/batch={batch}")
+        } else {
+            format!("append/batch={batch}/conns={conns}")
+        };
         let loops = writer_loops(&store.url, &twins, &per_writer, &tokens, batch, "w");
         let mut pal = palisade_append(ctx, &store, loops, &format!("{prefix}/palisade")).await?;
-        if let Some(st) = &store.store {
+        pal.set("connections", conns as f64);
+        if let (Some(st), true) = (&store.store, conns == plan.writers) {
             let mut direct = direct_append(
                 ctx,
                 st,
@@ -327,7 +340,7 @@ pub async fn append(ctx: &Ctx) -> anyhow::Result<RunOut> {
         let raw = raw_sled::run(
             plan.data_dir.as_deref(),
             p,
-            plan.writers,
+            conns,
             batch,
             &ctx.events,
             plan.warmup,
