@@ -1,5 +1,6 @@
 //! Restarts of the real `palisade serve` binary on the same data folder:
-//! clean (SIGTERM), crash (SIGKILL) and a changed partition count. See README.md.
+//! clean (SIGTERM), crash (SIGKILL), a changed partition count and lease
+//! expiry across restarts. See README.md.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -19,6 +20,9 @@ mod crash_restart;
 mod partition_count;
 #[path = "04_sigterm_with_watchers.rs"]
 mod sigterm_with_watchers;
+
+#[path = "05_expired_leases.rs"]
+mod expired_leases;
 
 use serde_json::Value;
 use support::Client;
