@@ -17,6 +17,9 @@ pub struct Cli {
     pub command: Command,
 }
 
+// `serve`'s settings make it the largest variant; the command line is
+// parsed once at start-up, so boxing it would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the store: sled in a local folder, the lease authority in-process.
@@ -232,6 +235,28 @@ pub struct ServeConfig {
     /// sled page cache, in MiB.
     #[arg(long, env = "PALISADE_CACHE_MB", default_value_t = 256)]
     pub cache_mb: u64,
+    /// Most client connections open at once; past it a new connection is
+    /// answered `503 too_many_connections` and closed. Lowered at start to
+    /// fit the open-file limit (see docs/operations.md).
+    #[arg(long, env = "PALISADE_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Most client connections open at once from one IP address (503
+    /// `too_many_connections_from_address` past it).
+    #[arg(long, env = "PALISADE_MAX_CONNECTIONS_PER_IP", default_value_t = 256)]
+    pub max_connections_per_ip: usize,
+    /// Time a client has to send a request's headers (and to finish a TLS
+    /// handshake), in milliseconds; the connection is closed past it.
+    #[arg(long, env = "PALISADE_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
+    /// Time a client has to send a request's body after its headers, in
+    /// milliseconds (`408 body_timeout` past it).
+    #[arg(long, env = "PALISADE_BODY_TIMEOUT_MS", default_value_t = 30_000)]
+    pub body_timeout_ms: u64,
+    /// How long a keep-alive connection may sit idle between requests, and a
+    /// response wait for a client that stopped reading, in milliseconds.
+    /// Change streams (SSE) are not idle: they last while their client reads.
+    #[arg(long, env = "PALISADE_IDLE_TIMEOUT_MS", default_value_t = 60_000)]
+    pub idle_timeout_ms: u64,
     /// Security file (TOML): principals and their API key hashes, roles,
     /// limits (see docs/security.md). Without principals in it,
     /// authentication is off and the store serves loopback only.
@@ -369,6 +394,23 @@ impl ServeConfig {
         if self.snapshot_every == 0 {
             return Err("--snapshot-every must be at least 1".into());
         }
+        if self.max_connections == 0 || self.max_connections > 1_000_000 {
+            return Err("--max-connections must be 1..=1000000".into());
+        }
+        if self.max_connections_per_ip == 0 || self.max_connections_per_ip > self.max_connections {
+            return Err("--max-connections-per-ip must be 1..=--max-connections".into());
+        }
+        for (flag, ms) in [
+            ("--header-timeout-ms", self.header_timeout_ms),
+            ("--body-timeout-ms", self.body_timeout_ms),
+            ("--idle-timeout-ms", self.idle_timeout_ms),
+        ] {
+            if !(100..=86_400_000).contains(&ms) {
+                return Err(format!(
+                    "{flag} must be 100..=86400000 (100 ms to a day), got {ms}"
+                ));
+            }
+        }
         if self.lease_backend == LeaseBackend::Etcd && self.etcd_endpoints.is_empty() {
             return Err("--lease-backend etcd needs --etcd-endpoints".into());
         }
@@ -419,6 +461,13 @@ impl ServeConfig {
         palisade_http::HttpConfig {
             max_body_bytes: self.max_body_bytes,
             max_batch_events: self.max_batch_events,
+            connections: palisade_http::ConnectionLimits {
+                max_connections: self.max_connections,
+                max_connections_per_ip: self.max_connections_per_ip,
+                header_timeout: std::time::Duration::from_millis(self.header_timeout_ms),
+                body_timeout: std::time::Duration::from_millis(self.body_timeout_ms),
+                idle_timeout: std::time::Duration::from_millis(self.idle_timeout_ms),
+            },
             ..palisade_http::HttpConfig::default()
         }
     }

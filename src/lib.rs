@@ -17,6 +17,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod dev_kafka;
+pub mod fd_limit;
 pub mod publish;
 pub mod security;
 pub mod serve;

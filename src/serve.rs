@@ -16,6 +16,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
+    // Before anything opens files: idle clients must not be what runs the
+    // store out of descriptors (src/fd_limit.rs).
+    let fd_limit = crate::fd_limit::raise();
     // Security file, TLS and the bind policy (src/security.rs): checked
     // before anything is created, so a refused start changes nothing.
     let security = crate::security::prepare(&config)?;
@@ -77,7 +80,18 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
-    info!(%addr, data = %config.data.display(), partitions = store.partitions(), "palisade is ready");
+    let mut http = config.http_config();
+    http.connections.max_connections = crate::fd_limit::fit_connections(
+        http.connections.max_connections,
+        &fd_limit,
+        crate::fd_limit::open_now(),
+    );
+    http.connections.max_connections_per_ip = http
+        .connections
+        .max_connections_per_ip
+        .min(http.connections.max_connections);
+    info!(%addr, data = %config.data.display(), partitions = store.partitions(),
+        max_connections = http.connections.max_connections, "palisade is ready");
     // Scripts and tests read this line to learn the address (port 0 picks one).
     println!("palisade listening on {}://{addr}", security.scheme());
     security.announce(addr);
@@ -89,7 +103,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
                 cluster: node
                     .clone()
                     .map(|n| n as Arc<dyn palisade_http::cluster::ClusterRouting>),
-                ..config.http_config()
+                ..http
             },
             stopped(stop_rx),
         )

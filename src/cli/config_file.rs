@@ -24,7 +24,7 @@ use super::{out, CheckArgs, Failure};
 use crate::config::{ServeArgs, ServeConfig};
 
 /// Every key of the file: the ids of [`ServeConfig`]'s arguments.
-pub const KEYS: [&str; 23] = [
+pub const KEYS: [&str; 28] = [
     "data",
     "listen",
     "partitions",
@@ -33,6 +33,11 @@ pub const KEYS: [&str; 23] = [
     "max_batch_events",
     "snapshot_every",
     "cache_mb",
+    "max_connections",
+    "max_connections_per_ip",
+    "header_timeout_ms",
+    "body_timeout_ms",
+    "idle_timeout_ms",
     "security",
     "tls_cert",
     "tls_key",
@@ -62,6 +67,11 @@ pub struct FileConfig {
     max_batch_events: Option<usize>,
     snapshot_every: Option<u64>,
     cache_mb: Option<u64>,
+    max_connections: Option<usize>,
+    max_connections_per_ip: Option<usize>,
+    header_timeout_ms: Option<u64>,
+    body_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
     security: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -195,6 +205,11 @@ pub fn resolve(args: ServeArgs, m: &ArgMatches) -> Result<Resolved, String> {
         take!(max_batch_events);
         take!(snapshot_every);
         take!(cache_mb);
+        take!(max_connections);
+        take!(max_connections_per_ip);
+        take!(header_timeout_ms);
+        take!(body_timeout_ms);
+        take!(idle_timeout_ms);
         take!(security, Some);
         take!(tls_cert, Some);
         take!(tls_key, Some);
@@ -254,6 +269,11 @@ pub fn values(c: &ServeConfig) -> Vec<(&'static str, Option<toml::Value>)> {
         ("max_batch_events", z(c.max_batch_events)),
         ("snapshot_every", n(c.snapshot_every)),
         ("cache_mb", n(c.cache_mb)),
+        ("max_connections", z(c.max_connections)),
+        ("max_connections_per_ip", z(c.max_connections_per_ip)),
+        ("header_timeout_ms", n(c.header_timeout_ms)),
+        ("body_timeout_ms", n(c.body_timeout_ms)),
+        ("idle_timeout_ms", n(c.idle_timeout_ms)),
         (
             "security",
             c.security.as_deref().and_then(|p| s(&p.to_string_lossy())),

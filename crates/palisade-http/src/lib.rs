@@ -10,6 +10,7 @@
 mod audit_api;
 pub mod auth;
 pub mod cluster;
+mod conn;
 mod error;
 mod guard;
 mod openapi;
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use palisade_log::Store;
 use tokio::net::TcpListener;
 
+pub use conn::ConnectionLimits;
 pub use error::ApiError;
 pub use routes::router;
 pub use security::{Limits, Security, SecurityFile, ANONYMOUS};
@@ -44,6 +46,8 @@ pub struct HttpConfig {
     /// Cluster mode: redirect requests for twins owned by other nodes
     /// (`cluster.rs`); `None` on a single node.
     pub cluster: Option<Arc<dyn cluster::ClusterRouting>>,
+    /// Connection cap, per-address budget and timeouts (`conn.rs`).
+    pub connections: ConnectionLimits,
 }
 
 impl Default for HttpConfig {
@@ -54,6 +58,7 @@ impl Default for HttpConfig {
             max_page: 1000,
             security: Security::default(),
             cluster: None,
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -66,11 +71,11 @@ pub async fn run(
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_on(listener, store, config, shutdown).await
+    serve_on(listener, None, store, config, shutdown).await
 }
 
 /// [`run`] over HTTPS: each connection's TLS handshake with `acceptor`
-/// (see [`tls::acceptor`]) comes first.
+/// (see [`tls::acceptor`]) comes first, bounded by the header timeout.
 pub async fn run_tls(
     listener: TcpListener,
     acceptor: tls::TlsAcceptor,
@@ -78,36 +83,29 @@ pub async fn run_tls(
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tls::TlsListener::new(listener, acceptor)?;
-    serve_on(listener, store, config, shutdown).await
+    serve_on(listener, Some(acceptor), store, config, shutdown).await
 }
 
-async fn serve_on<L>(
-    listener: L,
+async fn serve_on(
+    listener: TcpListener,
+    tls: Option<tls::TlsAcceptor>,
     store: Arc<Store>,
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-{
+) -> std::io::Result<()> {
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
-    let mut closed = closing.clone();
     tokio::spawn(async move {
         shutdown.await;
-        // Ends the change streams; graceful shutdown then finishes.
+        // Ends the change streams and the accept loop; connections in
+        // flight then finish (`conn.rs`).
         let _ = closing_tx.send(true);
     });
     let cluster = config.cluster.clone();
+    let limits = config.connections.clone();
     let partitions = store.partitions();
-    let mut app = routes::router_closing(store, config, closing);
+    let mut app = routes::router_closing(store.clone(), config, closing.clone());
     if let Some(routing) = cluster {
         app = cluster::layer(app, routing, partitions);
     }
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = closed.wait_for(|c| *c).await;
-        })
-        .await
+    conn::serve(listener, tls, app, store, limits, closing).await
 }

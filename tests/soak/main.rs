@@ -1,0 +1,1 @@
+//! The soak test (work in progress).
