@@ -21,7 +21,12 @@ use crate::{
 };
 
 const TWINS_PER_PARTITION: usize = 2;
-const PER_TWIN: usize = 250;
+/// Long enough that a kill lands mid-stream: the store ingests tens of
+/// thousands of one-event records a second, so the few milliseconds between
+/// the heads read that triggers a kill and the kill itself can apply
+/// hundreds of records (2,000 in all was too short: CI saw a round apply the
+/// whole stream before its kill landed).
+const PER_TWIN: usize = 1500;
 const N: u64 = (PARTITIONS as u64) * (TWINS_PER_PARTITION as u64) * (PER_TWIN as u64);
 const KILLS: usize = 2;
 
@@ -125,13 +130,16 @@ async fn sigkill_mid_stream_twice_applies_every_record_exactly_once() {
             at_kill < N,
             "round {round}: all {N} records were applied before the kill; the kill must land mid-stream"
         );
-        // `now` may be a little below `at_kill`: reads can see a group
-        // commit that was applied in sled but not yet flushed (nor
-        // acknowledged) when the kill landed.
+        // Reads come from the durable head (decision 0015): what the heads
+        // showed before the kill was synced, so the kill cannot take it back.
         let now = applied_so_far(data, &twins, round).await;
         assert!(
+            now >= at_kill,
+            "round {round}: heads showed {at_kill} records before the kill, only {now} survived it"
+        );
+        assert!(
             now < N,
-            "round {round}: {now} records durable after a kill seen at {at_kill} (of {N})"
+            "round {round}: {now} records durable after a kill seen at {at_kill} (of {N}); the kill must land mid-stream"
         );
         eprintln!("restart test: kill {round} after {now} of {N} records were applied");
         applied_before = now;
