@@ -57,9 +57,8 @@ pub async fn run(
     .await
     .context("sled open task")?
     .context("cannot open sled")?;
-    let db_file = Arc::new(
-        std::fs::File::open(dir.path().join("db")).context("cannot open sled's db file")?,
-    );
+    let db_file =
+        Arc::new(std::fs::File::open(dir.path().join("db")).context("cannot open sled's db file")?);
     let mut trees = Vec::new();
     for p in 0..partitions {
         trees.push(db.open_tree(format!("partition/{p:05}"))?);
