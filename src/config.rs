@@ -397,8 +397,9 @@ impl ServeConfig {
         if self.max_connections == 0 || self.max_connections > 1_000_000 {
             return Err("--max-connections must be 1..=1000000".into());
         }
-        if self.max_connections_per_ip == 0 || self.max_connections_per_ip > self.max_connections {
-            return Err("--max-connections-per-ip must be 1..=--max-connections".into());
+        // Above --max-connections it is simply never reached.
+        if self.max_connections_per_ip == 0 || self.max_connections_per_ip > 1_000_000 {
+            return Err("--max-connections-per-ip must be 1..=1000000".into());
         }
         for (flag, ms) in [
             ("--header-timeout-ms", self.header_timeout_ms),

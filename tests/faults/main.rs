@@ -31,6 +31,9 @@ mod syscalls;
 #[path = "07_full_disk.rs"]
 mod full_disk;
 
+#[path = "08_connections.rs"]
+mod connections;
+
 #[path = "../kafka/broker.rs"]
 #[allow(dead_code)]
 mod broker;

@@ -377,8 +377,16 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
-/// Answer a connection past the cap with a 503, or close it if too many
-/// refusals are already in flight.
+/// Answer a connection past the cap with a 503 and close it.
+///
+/// Over plain HTTP the answer is written at once, without waiting for the
+/// request (a fresh socket's buffer always takes it; HTTP clients read it as
+/// the answer to the request they send); a refusal task then reads and
+/// discards what the client sends until it closes, so the close is a FIN,
+/// not a reset that could destroy the answer in flight. Over HTTPS a
+/// refusal task does the handshake, reads the request and answers it. At
+/// most [`MAX_REFUSING`] such tasks exist; past them a plain connection
+/// still gets its answer written, a TLS one is just closed.
 fn refuse(
     shared: &Arc<Shared>,
     tcp: TcpStream,
@@ -393,19 +401,22 @@ fn refuse(
         1,
     );
     shared.log_refusal(why, addr);
+    let (max, per_ip) = (
+        shared.limits.max_connections,
+        shared.limits.max_connections_per_ip,
+    );
+    if tls.is_none() {
+        let _ = tcp.try_write(&refusal_bytes(why, max, per_ip));
+    }
     if shared.refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
         shared.refusing.fetch_sub(1, Ordering::Relaxed);
         return; // dropping `tcp` closes it
     }
-    let (shared, max, per_ip) = (
-        shared.clone(),
-        shared.limits.max_connections,
-        shared.limits.max_connections_per_ip,
-    );
+    let shared = shared.clone();
     tokio::spawn(async move {
         let answer = async move {
             match tls {
-                None => answer_refusal(tcp, why, max, per_ip).await,
+                None => linger(tcp).await,
                 Some(acceptor) => {
                     if let Ok(stream) = acceptor.accept(tcp).await {
                         answer_refusal(stream, why, max, per_ip).await;
@@ -416,6 +427,49 @@ fn refuse(
         let _ = tokio::time::timeout(REFUSAL_TIME, answer).await;
         shared.refusing.fetch_sub(1, Ordering::Relaxed);
     });
+}
+
+/// Half-close a refused connection and discard what the client still
+/// sends, until it closes too.
+async fn linger(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut sink = [0u8; 1024];
+    while let Ok(n) = tcp.read(&mut sink).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// The refusal as raw HTTP/1.1 bytes (the same JSON as [`refusal_response`]).
+fn refusal_bytes(why: Refusal, max: usize, per_ip: usize) -> Vec<u8> {
+    let (error, message) = refusal_text(why, max, per_ip);
+    let body = serde_json::json!({ "error": error, "message": message }).to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn refusal_text(why: Refusal, max: usize, per_ip: usize) -> (&'static str, String) {
+    match why {
+        Refusal::Total => (
+            "too_many_connections",
+            format!(
+                "the server has {max} connections open, its limit (--max-connections); retry later"
+            ),
+        ),
+        Refusal::PerIp => (
+            "too_many_connections_from_address",
+            format!(
+                "your address has {per_ip} connections open, the limit per address \
+                 (--max-connections-per-ip); close one or retry later"
+            ),
+        ),
+    }
 }
 
 /// Read the request's head and answer it with the refusal, then close.
@@ -433,23 +487,8 @@ where
 }
 
 fn refusal_response(why: Refusal, max: usize, per_ip: usize) -> Response<Body> {
-    let err = match why {
-        Refusal::Total => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_connections",
-            format!(
-                "the server has {max} connections open, its limit (--max-connections); retry later"
-            ),
-        ),
-        Refusal::PerIp => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_connections_from_address",
-            format!(
-                "your address has {per_ip} connections open, the limit per address \
-                 (--max-connections-per-ip); close one or retry later"
-            ),
-        ),
-    };
+    let (error, message) = refusal_text(why, max, per_ip);
+    let err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error, message);
     let mut resp = err.into_response();
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
