@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod bounds;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "palisade",
@@ -218,22 +220,24 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Partition count of a new store (default 16). Reopening an existing store
     /// with a different count is refused.
-    #[arg(long, env = "PALISADE_PARTITIONS")]
+    #[arg(long, env = "PALISADE_PARTITIONS", value_parser = bounds::parser::<u32>(bounds::PARTITIONS))]
     pub partitions: Option<u32>,
-    /// How far ahead of the store's clock a writer's HLC may be, in milliseconds.
-    #[arg(long, env = "PALISADE_MAX_DRIFT_MS", default_value_t = 500)]
+    /// How far ahead of the store's clock a writer's HLC may be, in
+    /// milliseconds (0..=3600000).
+    #[arg(long, env = "PALISADE_MAX_DRIFT_MS", default_value_t = 500, value_parser = bounds::parser::<u64>(bounds::MAX_DRIFT_MS))]
     pub max_drift_ms: u64,
-    /// Largest request body, in bytes.
-    #[arg(long, env = "PALISADE_MAX_BODY_BYTES", default_value_t = 1 << 20)]
+    /// Largest request body, in bytes (1 KiB..=64 MiB).
+    #[arg(long, env = "PALISADE_MAX_BODY_BYTES", default_value_t = 1 << 20, value_parser = bounds::parser::<usize>(bounds::MAX_BODY_BYTES))]
     pub max_body_bytes: usize,
-    /// Most events in one append request.
-    #[arg(long, env = "PALISADE_MAX_BATCH_EVENTS", default_value_t = 1000)]
+    /// Most events in one append request (1..=100000).
+    #[arg(long, env = "PALISADE_MAX_BATCH_EVENTS", default_value_t = 1000, value_parser = bounds::parser::<usize>(bounds::MAX_BATCH_EVENTS))]
     pub max_batch_events: usize,
-    /// Snapshot a twin's state every this many of its events (bounds time-travel reads).
-    #[arg(long, env = "PALISADE_SNAPSHOT_EVERY", default_value_t = 64)]
+    /// Snapshot a twin's state every this many of its events (bounds
+    /// time-travel reads; 1..=1000000).
+    #[arg(long, env = "PALISADE_SNAPSHOT_EVERY", default_value_t = 64, value_parser = bounds::parser::<u64>(bounds::SNAPSHOT_EVERY))]
     pub snapshot_every: u64,
-    /// sled page cache, in MiB.
-    #[arg(long, env = "PALISADE_CACHE_MB", default_value_t = 256)]
+    /// sled page cache, in MiB (1..=1048576).
+    #[arg(long, env = "PALISADE_CACHE_MB", default_value_t = 256, value_parser = bounds::parser::<u64>(bounds::CACHE_MB))]
     pub cache_mb: u64,
     /// Most client connections open at once; past it a new connection is
     /// answered `503 too_many_connections` and closed. Lowered at start to
@@ -285,8 +289,9 @@ pub struct ServeConfig {
     /// Also copy dead-lettered records to this topic (they are always kept in the store).
     #[arg(long, env = "PALISADE_KAFKA_DEAD_LETTER_TOPIC")]
     pub kafka_dead_letter_topic: Option<String>,
-    /// Largest Kafka record value accepted; larger records are dead-lettered.
-    #[arg(long, env = "PALISADE_KAFKA_MAX_RECORD_BYTES", default_value_t = 1 << 20)]
+    /// Largest Kafka record value accepted; larger records are dead-lettered
+    /// (1 KiB..=64 MiB).
+    #[arg(long, env = "PALISADE_KAFKA_MAX_RECORD_BYTES", default_value_t = 1 << 20, value_parser = bounds::parser::<usize>(bounds::KAFKA_MAX_RECORD_BYTES))]
     pub kafka_max_record_bytes: usize,
     /// Extra librdkafka client setting KEY=VALUE (TLS, SASL, timeouts); repeatable,
     /// comma separated in the environment variable.
@@ -375,25 +380,11 @@ pub struct DevKafkaConfig {
 }
 
 impl ServeConfig {
-    /// Rules that span fields or bound values.
+    /// Every setting's range ([`bounds`]: a config file's values skip
+    /// clap's parsers) and the rules that span fields. Runs before anything
+    /// touches the disk.
     pub fn validate(&self) -> Result<(), String> {
-        if let Some(n) = self.partitions {
-            if n == 0 || n > palisade_log::MAX_PARTITIONS {
-                return Err(format!(
-                    "--partitions must be 1..={}, got {n}",
-                    palisade_log::MAX_PARTITIONS
-                ));
-            }
-        }
-        if self.max_body_bytes < 1024 {
-            return Err("--max-body-bytes below 1024 would refuse ordinary events".into());
-        }
-        if self.max_batch_events == 0 {
-            return Err("--max-batch-events must be at least 1".into());
-        }
-        if self.snapshot_every == 0 {
-            return Err("--snapshot-every must be at least 1".into());
-        }
+        bounds::check(self)?;
         if self.max_connections == 0 || self.max_connections > 1_000_000 {
             return Err("--max-connections must be 1..=1000000".into());
         }

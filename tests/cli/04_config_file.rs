@@ -90,7 +90,7 @@ fn config_check_prints_the_effective_settings_and_their_sources() {
     let cfg = write(
         dir.path(),
         "p.toml",
-        "partitions = 4\nmax_drift_ms = 700\nlisten = \"127.0.0.1:7171\"\n\n[kafka_settings]\n\"security.protocol\" = \"ssl\"\n",
+        "partitions = 4\nmax_drift_ms = 700\nlisten = \"127.0.0.1:7171\"\n\n[kafka_settings]\n\"socket.keepalive.enable\" = \"true\"\n",
     );
     let r = check(palisade().env("PALISADE_MAX_DRIFT_MS", "900"), &cfg, true).ok();
     let s = &r.json()["settings"];
@@ -103,7 +103,10 @@ fn config_check_prints_the_effective_settings_and_their_sources() {
     assert_eq!(s["snapshot_every"]["value"], 64);
     assert_eq!(s["snapshot_every"]["source"], "default");
     assert_eq!(s["kafka_brokers"]["value"], serde_json::Value::Null);
-    assert_eq!(s["kafka_settings"]["value"]["security.protocol"], "ssl");
+    assert_eq!(
+        s["kafka_settings"]["value"]["socket.keepalive.enable"],
+        "true"
+    );
 
     // For people: the settings as TOML, with where each comes from.
     let r = check(palisade().env("PALISADE_MAX_DRIFT_MS", "900"), &cfg, false).ok();

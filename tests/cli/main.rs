@@ -22,6 +22,9 @@ mod tail;
 #[path = "04_config_file.rs"]
 mod config_file;
 
+#[path = "05_bad_settings.rs"]
+mod bad_settings;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

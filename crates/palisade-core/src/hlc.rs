@@ -98,8 +98,17 @@ impl fmt::Debug for Clock {
     }
 }
 
+/// The largest drift uhlc takes: its NTP64 time has 32 bits of seconds, and
+/// `with_max_delta` asserts that the delta fits (issue 18: a huge
+/// `--max-drift-ms` panicked there).
+pub const MAX_DRIFT: Duration = Duration::from_secs(u32::MAX as u64);
+
 impl Clock {
+    /// A clock refusing HLCs more than `max_drift` ahead of it. A drift above
+    /// [`MAX_DRIFT`] (136 years) is taken as [`MAX_DRIFT`]: no bound either
+    /// way, and never a panic. `palisade serve` refuses far smaller values.
     pub fn new(max_drift: Duration) -> Self {
+        let max_drift = max_drift.min(MAX_DRIFT);
         Self {
             hlc: uhlc::HLCBuilder::new().with_max_delta(max_drift).build(),
             max_drift,
@@ -138,6 +147,14 @@ impl Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 18: `--max-drift-ms 4294967296000` panicked in uhlc's builder.
+    #[test]
+    fn a_drift_beyond_uhlcs_range_is_capped_not_a_panic() {
+        let clock = Clock::new(Duration::from_millis(4_294_967_296_000));
+        assert!(clock.observe(clock.now()).is_ok());
+        let _ = Clock::new(Duration::MAX).now();
+    }
 
     #[test]
     fn text_form_round_trips_and_orders_like_uhlc() {

@@ -17,6 +17,18 @@ use crate::auth::{Auth, PrincipalFile, RoleFile};
 /// The principal of every request when authentication is off.
 pub const ANONYMOUS: &str = "anonymous";
 
+/// Slowest request rate a principal may be limited to: below it the wait
+/// before the next request no longer fits a `Duration`, let alone a person.
+const MIN_RATE: f64 = 0.001;
+/// Fastest: a limit above a million requests a second limits nothing.
+const MAX_RATE: f64 = 1_000_000.0;
+/// Largest burst above the rate.
+const MAX_BURST: u64 = 1_000_000;
+/// Most live leases per principal (0: no limit).
+const MAX_LEASES_PER_PRINCIPAL: u64 = 1_000_000;
+/// Most audit records kept.
+const MAX_AUDIT_RECORDS: u64 = 1_000_000_000;
+
 /// Limits on requests; each refusal is an error that changes nothing.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -79,32 +91,56 @@ pub struct Security {
 }
 
 impl Security {
-    /// Check a file's settings and build them.
+    /// Check a file's settings and build them. Every limit has a range
+    /// (issue 18): a value outside it is refused here, before the store
+    /// opens, rather than misbehaving later (a rate of 1e-300 made the
+    /// `Retry-After` computation panic).
     pub fn from_file(f: &SecurityFile) -> Result<Self, String> {
         let l = &f.limits;
-        if l.max_twin_id_bytes == 0 || l.max_twin_id_bytes > palisade_core::MAX_TWIN_ID_LEN {
+        let range = |key: &str, v: u64, lo: u64, hi: u64| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{key} must be {lo}..={hi}, got {v}"))
+            }
+        };
+        let z = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+        range(
+            "limits.max_twin_id_bytes",
+            z(l.max_twin_id_bytes),
+            1,
+            z(palisade_core::MAX_TWIN_ID_LEN),
+        )?;
+        range(
+            "limits.max_patch_depth",
+            z(l.max_patch_depth),
+            1,
+            z(palisade_twin::MAX_PATCH_DEPTH),
+        )?;
+        // `{}` is the smallest patch; the codec's largest value the largest.
+        range(
+            "limits.max_patch_bytes",
+            z(l.max_patch_bytes),
+            2,
+            z(palisade_core::codec::MAX_VALUE_BYTES),
+        )?;
+        range(
+            "limits.max_leases_per_principal",
+            z(l.max_leases_per_principal),
+            0,
+            MAX_LEASES_PER_PRINCIPAL,
+        )?;
+        let rate = l.requests_per_second;
+        if !(rate == 0.0 || (MIN_RATE..=MAX_RATE).contains(&rate)) {
             return Err(format!(
-                "limits.max_twin_id_bytes must be 1..={}",
-                palisade_core::MAX_TWIN_ID_LEN
+                "limits.requests_per_second must be 0 (no limit) or {MIN_RATE}..={MAX_RATE}, got {rate:?}"
             ));
         }
-        if l.max_patch_depth == 0 || l.max_patch_depth > palisade_twin::MAX_PATCH_DEPTH {
-            return Err(format!(
-                "limits.max_patch_depth must be 1..={}",
-                palisade_twin::MAX_PATCH_DEPTH
-            ));
+        if rate > 0.0 {
+            range("limits.burst", l.burst.into(), 1, MAX_BURST)?;
         }
-        if l.max_patch_bytes < 2 {
-            return Err("limits.max_patch_bytes must be at least 2 (the patch `{}`)".into());
-        }
-        if !(l.requests_per_second.is_finite() && l.requests_per_second >= 0.0) {
-            return Err("limits.requests_per_second must be a number >= 0".into());
-        }
-        if l.requests_per_second > 0.0 && l.burst == 0 {
-            return Err("limits.burst must be at least 1 with a request rate".into());
-        }
-        if f.audit_max_records == Some(0) {
-            return Err("audit_max_records must be at least 1".into());
+        if let Some(n) = f.audit_max_records {
+            range("audit_max_records", n, 1, MAX_AUDIT_RECORDS)?;
         }
         let auth = if f.principals.is_empty() {
             None
@@ -167,7 +203,9 @@ impl PrincipalState {
             b.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - b.tokens) / rate))
+            // `try_`: `Limits` built in code skip `from_file`'s range, and
+            // `from_secs_f64` panics past `Duration::MAX`.
+            Err(Duration::try_from_secs_f64((1.0 - b.tokens) / rate).unwrap_or(Duration::MAX))
         }
     }
 
@@ -233,5 +271,70 @@ mod tests {
         assert!(!Security::from_file(&SecurityFile::default())
             .unwrap()
             .auth_enabled());
+    }
+
+    /// One bad value set on a valid file.
+    type Change = fn(&mut SecurityFile);
+
+    /// Issue 18: every limit has a range, and the message names the key,
+    /// the range and the value.
+    #[test]
+    fn every_limit_is_range_checked() {
+        let cases: [(Change, &str); 8] = [
+            (
+                |f| f.limits.requests_per_second = 1e-300,
+                "limits.requests_per_second must be 0 (no limit) or 0.001..=1000000, got 1e-300",
+            ),
+            (
+                |f| f.limits.requests_per_second = -1.0,
+                "requests_per_second",
+            ),
+            (
+                |f| f.limits.requests_per_second = f64::INFINITY,
+                "requests_per_second",
+            ),
+            (
+                |f| {
+                    f.limits.requests_per_second = 5.0;
+                    f.limits.burst = 0;
+                },
+                "limits.burst must be 1..=1000000, got 0",
+            ),
+            (
+                |f| f.limits.max_patch_bytes = 1,
+                "limits.max_patch_bytes must be 2..=67108864, got 1",
+            ),
+            (
+                |f| f.limits.max_twin_id_bytes = 0,
+                "limits.max_twin_id_bytes must be 1..=256, got 0",
+            ),
+            (
+                |f| f.limits.max_leases_per_principal = usize::MAX,
+                "limits.max_leases_per_principal must be 0..=1000000",
+            ),
+            (
+                |f| f.audit_max_records = Some(0),
+                "audit_max_records must be 1..=1000000000, got 0",
+            ),
+        ];
+        for (set, want) in cases {
+            let mut f = SecurityFile::default();
+            set(&mut f);
+            let e = Security::from_file(&f).unwrap_err();
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+        }
+    }
+
+    #[test]
+    fn a_tiny_rate_built_in_code_waits_long_not_a_panic() {
+        let s = PrincipalState::default();
+        let limits = Limits {
+            requests_per_second: 1e-300,
+            burst: 1,
+            ..Limits::default()
+        };
+        let t0 = Instant::now();
+        s.take("a", &limits, t0).unwrap();
+        assert_eq!(s.take("a", &limits, t0).unwrap_err(), Duration::MAX);
     }
 }
