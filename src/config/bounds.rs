@@ -29,6 +29,11 @@ pub const SNAPSHOT_EVERY: RangeInclusive<u64> = 1..=1_000_000;
 /// sled's page cache in MiB: sled panics below 256 bytes, and the value is
 /// shifted into bytes (1 TiB leaves room in a u64).
 pub const CACHE_MB: RangeInclusive<u64> = 1..=1 << 20;
+/// Client connections open at once, overall and per IP address (a per-IP
+/// budget above the overall cap is simply never reached).
+pub const MAX_CONNECTIONS: RangeInclusive<u64> = 1..=1_000_000;
+/// Header, body and idle timeouts: 100 ms to a day.
+pub const TIMEOUT_MS: RangeInclusive<u64> = 100..=86_400_000;
 /// A Kafka record's value (one event): as for a request body.
 pub const KAFKA_MAX_RECORD_BYTES: RangeInclusive<u64> = MAX_BODY_BYTES;
 /// `--kafka-setting` entries.
@@ -174,6 +179,21 @@ pub fn check(c: &ServeConfig) -> Result<(), String> {
         " events",
     )?;
     in_range("cache_mb", c.cache_mb, &CACHE_MB, " MiB")?;
+    in_range(
+        "max_connections",
+        as_u64(c.max_connections),
+        &MAX_CONNECTIONS,
+        "",
+    )?;
+    in_range(
+        "max_connections_per_ip",
+        as_u64(c.max_connections_per_ip),
+        &MAX_CONNECTIONS,
+        "",
+    )?;
+    in_range("header_timeout_ms", c.header_timeout_ms, &TIMEOUT_MS, " ms")?;
+    in_range("body_timeout_ms", c.body_timeout_ms, &TIMEOUT_MS, " ms")?;
+    in_range("idle_timeout_ms", c.idle_timeout_ms, &TIMEOUT_MS, " ms")?;
     if let Some(b) = &c.kafka_brokers {
         text("kafka_brokers", b)?;
     }
@@ -289,7 +309,7 @@ mod tests {
     /// Values that skip clap (a config file's) are checked all the same.
     #[test]
     fn out_of_range_values_are_named_with_their_range() {
-        let cases: [(Change, &str); 22] = [
+        let cases: [(Change, &str); 27] = [
             (
                 |c| c.partitions = Some(0),
                 "partitions (--partitions) must be 1..=1024, got 0",
@@ -352,6 +372,23 @@ mod tests {
                 "cluster_advertise",
             ),
             (|c| c.data = "".into(), "data (--data) must not be empty"),
+            (
+                |c| c.max_connections = 0,
+                "max_connections (--max-connections) must be 1..=1000000, got 0",
+            ),
+            (
+                |c| c.max_connections_per_ip = 0,
+                "max_connections_per_ip (--max-connections-per-ip) must be 1..=1000000, got 0",
+            ),
+            (
+                |c| c.header_timeout_ms = 99,
+                "header_timeout_ms (--header-timeout-ms) must be 100..=86400000 ms, got 99",
+            ),
+            (
+                |c| c.body_timeout_ms = 86_400_001,
+                "body_timeout_ms (--body-timeout-ms) must be 100..=86400000 ms",
+            ),
+            (|c| c.idle_timeout_ms = 0, "idle_timeout_ms"),
         ];
         for (set, want) in cases {
             let mut c = config(&[]);

@@ -51,6 +51,11 @@ fn cases() -> Vec<Case> {
         case("cache_mb", "0", "1..=1048576"),
         // 2^44 MiB is 2^64 bytes: it used to overflow the shift into bytes.
         case("cache_mb", "17592186044416", "1..=1048576"),
+        case("max_connections", "0", "1..=1000000"),
+        case("max_connections_per_ip", "1000001", "1..=1000000"),
+        case("header_timeout_ms", "0", "100..=86400000"),
+        case("body_timeout_ms", "99", "100..=86400000"),
+        case("idle_timeout_ms", "86400001", "100..=86400000"),
         case("kafka_max_record_bytes", "0", "1024..=67108864"),
         case("kafka_topic", "twin events", "Kafka topic name"),
         case("kafka_topic", "..", "Kafka topic name"),
