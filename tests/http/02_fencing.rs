@@ -250,7 +250,11 @@ async fn if_match_is_checked_together_with_the_fence() {
     let b = token_of(&c.acquire("twin/im", "B", 60_000).await);
     let r = append_if_match(&c, twin, a, &format!("\"{v2}\""), &ev(4)).await;
     assert_error(&r, 409, "stale_token");
+    // If-Match compares strongly (RFC 9110 13.1.1): a weak tag of the
+    // right version never matches.
     let r = append_if_match(&c, twin, b, &format!("W/\"{v2}\""), &ev(5)).await;
+    assert_error(&r, 412, "weak_if_match");
+    let r = append_if_match(&c, twin, b, &format!("\"{v2}\""), &ev(5)).await;
     assert_eq!(r.status, 201, "{:?}", r.body);
     assert_eq!(c.twin(twin).await.body["state"], json!({"n": 5}));
     assert_eq!(history(&c, twin).await.len(), 3);

@@ -64,6 +64,8 @@ async fn twin_read_shape_etag_and_not_found() {
     let url = format!("{}/v1/twins/{twin}", c.base);
     let r = send(c.http.get(&url).header("if-none-match", &etag)).await;
     assert_eq!(r.status, 304);
+    // RFC 9110 15.4.5: the 304 carries the ETag a 200 would.
+    assert_eq!(r.headers["etag"].to_str().unwrap(), etag);
     let r = send(c.http.get(&url).header("if-none-match", "\"999\"")).await;
     assert_eq!(r.status, 200);
     // A weak tag, a list that includes it, and `*` match too (RFC 9110).
@@ -147,6 +149,21 @@ async fn time_travel_by_seq_and_by_hlc() {
     .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body["state"], expected[0]);
+    // ...but to its own (issue 18): `?at_seq=` and `?at_hlc=` are resources
+    // of their own (RFC 9110 13.1.2), and the 304 carries the ETag.
+    let own = r.headers["etag"].to_str().unwrap().to_owned();
+    assert_eq!(own, format!("\"{}\"", seqs[0]));
+    let r = send(c.http.get(&url).header("if-none-match", &own)).await;
+    assert_eq!(r.status, 304, "{:?}", r.body);
+    assert_eq!(r.headers["etag"].to_str().unwrap(), own);
+    let hlc = events[0]["hlc"].as_str().unwrap();
+    let r = send(
+        c.http
+            .get(format!("{}/v1/twins/{twin}?at_hlc={hlc}", c.base))
+            .header("if-none-match", format!("W/{own}")),
+    )
+    .await;
+    assert_eq!(r.status, 304, "at_hlc with its own weak ETag: {:?}", r.body);
 
     server.stop().await;
 }

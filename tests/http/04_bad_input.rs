@@ -155,6 +155,12 @@ async fn bad_requests_are_refused_and_change_nothing() {
     let too_many: Vec<Value> = (0..1001).map(|_| ev(json!({}))).collect();
     let future = hlc_string(ntp64_in(Duration::from_secs(60)), 0xabc);
     let long_twin = "t".repeat(10 * 1024);
+    // The known twin's current version: a weak If-Match naming it must still
+    // be refused (strong comparison), so the case cannot pass by mismatch.
+    let version = c.twin(TWIN).await.body["version"].as_u64().unwrap();
+    let weak = format!("W/\"{version}\"");
+    let long_lease_id = "z".repeat(5000);
+    let long_scope = format!("twin/{}\u{1}", "s".repeat(40 * 1024));
 
     let cases = vec![
         events_case(
@@ -232,6 +238,55 @@ async fn bad_requests_are_refused_and_change_nothing() {
             t,
             bytes(&json!([good, {"type": "u", "patch": {"n": 7}, "hlc": future}])),
         ),
+        // Issue 18: the first of two headers used to win.
+        case(
+            "two Fencing-Token headers",
+            400,
+            "bad_token",
+            Box::new(move |c| {
+                post_events(c, TWIN, Some(t.to_string()), bytes(&ev(json!({"x": 1}))))
+                    .header("fencing-token", "1")
+            }),
+        ),
+        case(
+            "two equal Fencing-Token headers",
+            400,
+            "bad_token",
+            Box::new(move |c| {
+                post_events(c, TWIN, Some(t.to_string()), bytes(&ev(json!({"x": 1}))))
+                    .header("fencing-token", t.to_string())
+            }),
+        ),
+        events_case(
+            "type with NUL",
+            400,
+            "bad_event",
+            t,
+            bytes(&json!({"type": "a\u{0}b", "patch": {"x": 1}})),
+        ),
+        events_case(
+            "type with an ANSI escape",
+            400,
+            "bad_event",
+            t,
+            bytes(&json!({"type": "\u{1b}[31mred", "patch": {"x": 1}})),
+        ),
+        events_case(
+            "event_id with a newline",
+            400,
+            "bad_event",
+            t,
+            bytes(&json!({"type": "u", "patch": {"x": 1}, "event_id": "a\nb"})),
+        ),
+        events_case(
+            "batch: good + event_id with DEL",
+            400,
+            "bad_event",
+            t,
+            bytes(&json!([good, {"type": "u", "patch": {}, "event_id": "x\u{7f}"}])),
+        ),
+        events_case("body is an array of numbers", 400, "bad_json", t, "[5]"),
+        events_case("body is null", 400, "bad_json", t, "null"),
         token_case("missing Fencing-Token", "missing_token", None),
         token_case("token abc", "bad_token", Some("abc")),
         token_case("token -1", "bad_token", Some("-1")),
@@ -358,6 +413,17 @@ async fn bad_requests_are_refused_and_change_nothing() {
                     .header("if-match", "abc")
             }),
         ),
+        // RFC 9110 13.1.1: If-Match compares strongly; a weak tag never
+        // matches, even one naming the current version.
+        case(
+            "If-Match weak tag of the current version",
+            412,
+            "weak_if_match",
+            Box::new(move |c| {
+                post_events(c, TWIN, Some(t.to_string()), bytes(&ev(json!({"x": 1}))))
+                    .header("if-match", weak.as_str())
+            }),
+        ),
         case(
             "If-Match stale version",
             412,
@@ -424,6 +490,31 @@ async fn bad_requests_are_refused_and_change_nothing() {
             "bad_query",
             "/v1/twins/known-1/events?limit=-1",
         ),
+        // Issue 18: `limit=0` returned one event.
+        get_case(
+            "twin events limit=0",
+            400,
+            "bad_query",
+            "/v1/twins/known-1/events?limit=0",
+        ),
+        get_case(
+            "partition events limit=0",
+            400,
+            "bad_query",
+            "/v1/partitions/0/events?limit=0",
+        ),
+        get_case(
+            "rejections limit=0",
+            400,
+            "bad_query",
+            "/v1/rejections?limit=0",
+        ),
+        get_case(
+            "dead letters limit=0",
+            400,
+            "bad_query",
+            "/v1/dead-letters?limit=0",
+        ),
         get_case(
             "after=abc",
             400,
@@ -435,6 +526,23 @@ async fn bad_requests_are_refused_and_change_nothing() {
             "lease ttl_ms as string",
             "bad_json",
             json!({"scope": "twin/x", "holder": "A", "ttl_ms": "1000"}),
+        ),
+        lease_case("lease body is a number", "bad_json", json!(5)),
+        lease_case("lease body is an array", "bad_json", json!([1, 2])),
+        lease_case(
+            "lease scope of 40 KB",
+            "bad_scope",
+            json!({"scope": long_scope, "holder": "A", "ttl_ms": 1000}),
+        ),
+        case(
+            "renew a lease id of 5000 characters",
+            400,
+            "bad_lease_id",
+            Box::new(move |c| {
+                c.http
+                    .post(format!("{}/v1/leases/{long_lease_id}/renew", c.base))
+                    .json(&json!({}))
+            }),
         ),
         lease_case(
             "lease partition/-1",
@@ -471,7 +579,16 @@ async fn bad_requests_are_refused_and_change_nothing() {
         match case.error {
             Some(e) => {
                 assert_eq!(r.body["error"], e, "{}: {:?}", case.name, r.body);
-                assert!(r.body["message"].is_string(), "{}: {:?}", case.name, r.body);
+                let m = r.body["message"].as_str();
+                assert!(m.is_some(), "{}: {:?}", case.name, r.body);
+                // Issue 18: messages are for people: no Rust type names
+                // (serde's "expected struct LeaseIn"), no echo of a huge
+                // input.
+                let m = m.unwrap_or_default();
+                for internal in ["LeaseIn", "EventJson", "EventsJson", "struct "] {
+                    assert!(!m.contains(internal), "{}: {m}", case.name);
+                }
+                assert!(m.len() < 300, "{}: a {}-byte message", case.name, m.len());
             }
             None => {
                 assert_eq!(r.body["duplicates"], 1, "{}: {:?}", case.name, r.body);

@@ -136,6 +136,19 @@ async fn each_limit_refuses_with_its_error_and_changes_nothing() {
     // Another principal is not limited by worker-a's leases.
     assert_eq!(s.acquire("worker-b", "twin/device-4").await.status, 201);
 
+    // Issue 18: at the limit, worker-a may still re-acquire a scope it
+    // holds: that replaces its lease (new token, old one superseded) and
+    // adds no live lease, so the limit does not refuse it...
+    let old = s.acquire("worker-a", "twin/device-2").await;
+    assert_eq!(old.status, 201, "{}", old.text);
+    let again = s.acquire("worker-a", "twin/device-2").await;
+    assert_eq!(again.status, 201, "re-acquire at the limit: {}", again.text);
+    assert!(token_of(&again.body) > token_of(&old.body));
+    // ...and it still holds two: a new scope is still refused.
+    let r = s.acquire("worker-a", "twin/device-3").await;
+    assert_error(&r, 429, "too_many_leases");
+    assert_eq!(r.body["held"].as_u64(), Some(2));
+
     // Within every limit, the same requests pass.
     assert_eq!(
         s.put("worker-a", "device-1", t, nested(4)).await.status,

@@ -7,6 +7,42 @@ pub const MAX_EVENT_ID_LEN: usize = 128;
 /// Longest accepted event `type`, in bytes.
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
 
+/// Why an event's `event_id` or `type` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventFieldError {
+    #[error("{field} must be 1 to {max} bytes, got {len}")]
+    Length {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    /// Like twin ids and lease holders: these strings are printed in logs,
+    /// listings and change streams.
+    #[error("{field} contains a control character at byte {at}")]
+    ControlChar { field: &'static str, at: usize },
+}
+
+/// The rules for an event's `event_id` and `type`: 1 to 128 bytes, no
+/// control characters (NUL, newlines, escapes, DEL, C1), as for twin ids.
+pub fn check_event_fields(event_id: &str, event_type: &str) -> Result<(), EventFieldError> {
+    for (field, v, max) in [
+        ("event_id", event_id, MAX_EVENT_ID_LEN),
+        ("type", event_type, MAX_EVENT_TYPE_LEN),
+    ] {
+        if v.is_empty() || v.len() > max {
+            return Err(EventFieldError::Length {
+                field,
+                len: v.len(),
+                max,
+            });
+        }
+        if let Some((at, _)) = v.char_indices().find(|(_, c)| c.is_control()) {
+            return Err(EventFieldError::ControlChar { field, at });
+        }
+    }
+    Ok(())
+}
+
 /// An event as a writer submits it, after validation and before the store
 /// gives it a sequence number.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,5 +84,52 @@ impl Event {
         &self,
     ) -> Result<serde_json::Map<String, serde_json::Value>, serde_json::Error> {
         serde_json::from_str(&self.patch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_fields_are_bounded_and_printable() {
+        assert!(check_event_fields("e-1", "telemetry/ü").is_ok());
+        assert!(check_event_fields(&"e".repeat(MAX_EVENT_ID_LEN), "t").is_ok());
+        for (id, ty, want) in [
+            ("", "t", "event_id must be 1 to 128 bytes, got 0"),
+            ("e", "", "type must be 1 to 128 bytes, got 0"),
+            (
+                "e",
+                &"t".repeat(129),
+                "type must be 1 to 128 bytes, got 129",
+            ),
+            (
+                "a\0b",
+                "t",
+                "event_id contains a control character at byte 1",
+            ),
+            (
+                "e",
+                "x\u{1b}[31m",
+                "type contains a control character at byte 1",
+            ),
+            (
+                "e",
+                "tab\there",
+                "type contains a control character at byte 3",
+            ),
+            (
+                "e\u{7f}",
+                "t",
+                "event_id contains a control character at byte 1",
+            ),
+            (
+                "e\u{85}",
+                "t",
+                "event_id contains a control character at byte 1",
+            ),
+        ] {
+            assert_eq!(check_event_fields(id, ty).unwrap_err().to_string(), want);
+        }
     }
 }

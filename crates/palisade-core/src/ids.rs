@@ -16,10 +16,26 @@ pub enum IdError {
     TwinIdTooLong { len: usize, max: usize },
     #[error("twin id contains a control character at byte {at}")]
     TwinIdControlChar { at: usize },
-    #[error("scope {0:?} is not `partition/<number>` or `twin/<id>`")]
+    /// The refused input is kept as an [`excerpt`]: it is echoed to
+    /// clients and logs, and may be as long as a request body.
+    #[error("scope {0} is not `partition/<number>` or `twin/<id>`")]
     BadScope(String),
-    #[error("lease id {0:?} is not 32 hexadecimal characters")]
+    /// As for `BadScope`, an excerpt of the input.
+    #[error("lease id {0} is not 32 hexadecimal characters")]
     BadLeaseId(String),
+}
+
+/// Longest part of a refused input that an error repeats, in characters.
+pub const EXCERPT_CHARS: usize = 40;
+
+/// `s` quoted for an error message, cut to its first [`EXCERPT_CHARS`]
+/// characters (with its full length) so that a client sending a huge value
+/// does not get it back, nor fill a log with it (issue 18).
+pub fn excerpt(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    }
 }
 
 /// The id of a twin: non-empty UTF-8 of at most [`MAX_TWIN_ID_LEN`] bytes
@@ -146,14 +162,14 @@ impl FromStr for Scope {
                     return Ok(Scope::Partition(PartitionId(p)));
                 }
             }
-            return Err(IdError::BadScope(s.to_owned()));
+            return Err(IdError::BadScope(excerpt(s)));
         }
         if let Some(t) = s.strip_prefix("twin/") {
             return TwinId::new(t)
                 .map(Scope::Twin)
-                .map_err(|_| IdError::BadScope(s.to_owned()));
+                .map_err(|_| IdError::BadScope(excerpt(s)));
         }
-        Err(IdError::BadScope(s.to_owned()))
+        Err(IdError::BadScope(excerpt(s)))
     }
 }
 
@@ -178,11 +194,11 @@ impl FromStr for LeaseId {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(IdError::BadLeaseId(s.to_owned()));
+            return Err(IdError::BadLeaseId(excerpt(s)));
         }
         u128::from_str_radix(s, 16)
             .map(LeaseId)
-            .map_err(|_| IdError::BadLeaseId(s.to_owned()))
+            .map_err(|_| IdError::BadLeaseId(excerpt(s)))
     }
 }
 
@@ -221,6 +237,28 @@ mod tests {
         ] {
             assert!(s.parse::<Scope>().is_err(), "{s} should be refused");
         }
+    }
+
+    /// Issue 18: `bad_lease_id` echoed a whole 10 KB path segment.
+    #[test]
+    fn refused_ids_are_echoed_as_short_excerpts() {
+        let long = "z".repeat(10_000);
+        let e = long.parse::<LeaseId>().unwrap_err().to_string();
+        assert!(e.len() < 120, "{e}");
+        assert!(
+            e.contains(&"z".repeat(EXCERPT_CHARS)) && e.contains("10000 bytes"),
+            "{e}"
+        );
+        let e = format!("twin/{}\0", "é".repeat(5000))
+            .parse::<Scope>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 160, "{e}");
+        // Short input is shown whole, quoted, control characters escaped.
+        assert_eq!(
+            "a\u{1}".parse::<LeaseId>().unwrap_err().to_string(),
+            "lease id \"a\\u{1}\" is not 32 hexadecimal characters"
+        );
     }
 
     #[test]

@@ -7,8 +7,13 @@ use serde::Deserialize;
 
 use crate::{Hlc, NewEvent};
 
+// `expecting`: serde's messages would otherwise name this Rust type
+// ("expected struct EventJson"), which means nothing to a client.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an event object {\"type\", \"patch\", \"hlc\"?, \"event_id\"?}"
+)]
 struct EventJson {
     #[serde(rename = "type")]
     event_type: String,
@@ -20,14 +25,14 @@ struct EventJson {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "an event object or an array of event objects")]
 enum EventsJson {
     One(EventJson),
     Many(Vec<EventJson>),
 }
 
 /// Why a JSON body is not a valid event or batch. `kind` is a stable name
-/// (`bad_json`, `bad_patch`, `bad_hlc`, `no_events`).
+/// (`bad_json`, `bad_patch`, `bad_hlc`, `bad_event`, `no_events`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct JsonEventError {
@@ -92,8 +97,11 @@ pub fn parse_events(
                 ),
                 None => None,
             };
+            let event_id = e.event_id.unwrap_or_else(|| default_id(i));
+            crate::check_event_fields(&event_id, &e.event_type)
+                .map_err(|x| err("bad_event", format!("event {i}: {x}")))?;
             Ok(NewEvent {
-                event_id: e.event_id.unwrap_or_else(|| default_id(i)),
+                event_id,
                 event_type: e.event_type,
                 patch,
                 hlc,
@@ -134,5 +142,39 @@ mod tests {
         let e = parse_events(br#"{"type":5,"patch":{}}"#, ids).unwrap_err();
         assert!(e.message.contains("invalid type"), "{e}");
         assert_eq!(kind(&[0xff, 0xfe]), "bad_json");
+        assert_eq!(kind(br#"{"type":"a\u0000b","patch":{}}"#), "bad_event");
+        assert_eq!(
+            kind(br#"[{"type":"t","patch":{}},{"type":"t","patch":{},"event_id":"\n"}]"#),
+            "bad_event"
+        );
+    }
+
+    /// Issue 18: messages named the Rust type (`expected struct EventJson`).
+    #[test]
+    fn messages_name_no_rust_type() {
+        for body in [
+            &b"5"[..],
+            b"\"x\"",
+            b"[5]",
+            b"[[]]",
+            b"null",
+            br#"{"type":"t"}"#,
+            br#"[{"type":"t","patch":{}}, 7]"#,
+        ] {
+            let e = parse_events(body, ids).unwrap_err();
+            assert_eq!(e.kind, "bad_json");
+            assert!(
+                !e.message.contains("EventJson") && !e.message.contains("struct"),
+                "{}: {}",
+                String::from_utf8_lossy(body),
+                e.message
+            );
+        }
+        let e = parse_events(b"[5]", ids).unwrap_err();
+        assert!(
+            e.message.contains("expected an event object"),
+            "{}",
+            e.message
+        );
     }
 }

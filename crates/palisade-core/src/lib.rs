@@ -19,7 +19,12 @@ mod ids;
 pub mod json;
 mod partition;
 
-pub use event::{Event, NewEvent, MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
+pub use event::{
+    check_event_fields, Event, EventFieldError, NewEvent, MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN,
+};
 pub use hlc::{Clock, ClockDrift, Hlc, HlcParseError};
-pub use ids::{FencingToken, IdError, LeaseId, PartitionId, Scope, TwinId, MAX_TWIN_ID_LEN};
+pub use ids::{
+    excerpt, FencingToken, IdError, LeaseId, PartitionId, Scope, TwinId, EXCERPT_CHARS,
+    MAX_TWIN_ID_LEN,
+};
 pub use partition::{murmur2, partition_for};

@@ -17,7 +17,9 @@ use crate::routes::{query, AppState};
 pub(crate) struct AuditQuery {
     /// Records with a seq above this (default 0: from the oldest kept).
     after: Option<u64>,
-    /// At most this many (default 100, at most 1000; larger values are clamped).
+    /// At most this many (default 100, at least 1, at most 1000; larger
+    /// values are clamped).
+    #[param(minimum = 1)]
     limit: Option<usize>,
 }
 
@@ -72,7 +74,7 @@ pub(crate) async fn audit(
     q: Result<Query<AuditQuery>, QueryRejection>,
 ) -> Result<Json<AuditResponse>, ApiError> {
     let q = query(q)?;
-    let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
+    let limit = crate::routes::page_limit(q.limit, 100, s.config.max_page)?;
     let records: Vec<AuditOut> = s
         .store
         .audit()

@@ -34,6 +34,22 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, error, message)
     }
 
+    /// A 5xx whose cause the client cannot act on (a sled or OS error: file
+    /// paths, errno text). The cause goes to the log under a short incident
+    /// id; the body carries the stable name, a generic message and the id,
+    /// so an operator can find the log line (issue 18: 500 bodies carried
+    /// raw OS error text).
+    pub fn internal(error: &'static str, cause: &dyn std::fmt::Display) -> Self {
+        let incident = incident_id();
+        tracing::error!(error, incident = %incident, cause = %cause, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error,
+            internal_message(error, &incident),
+        )
+        .with(json!({ "incident": incident }))
+    }
+
     /// 503 `storage_failed`: the store stopped acknowledging writes after a
     /// storage failure (fail-stop) and says which.
     pub fn storage_failed(f: &palisade_log::StorageFailure) -> Self {
@@ -65,6 +81,23 @@ impl ApiError {
     pub fn name(&self) -> &'static str {
         self.error
     }
+
+    /// The message for people.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// 12 hex characters: enough to find one log line, short enough to quote.
+pub(crate) fn incident_id() -> String {
+    let mut id = uuid::Uuid::new_v4().simple().to_string();
+    id.truncate(12);
+    id
+}
+
+/// What a client is told of an internal error.
+pub(crate) fn internal_message(error: &str, incident: &str) -> String {
+    format!("internal error ({error}); the store's log has the details under incident {incident}")
 }
 
 impl IntoResponse for ApiError {
@@ -122,7 +155,7 @@ impl From<AppendError> for ApiError {
                     "max_drift_ms": d.max_drift_ms,
                 })),
             AppendError::BadPatch(_) | AppendError::BadEvent(_) => Self::bad_request(reason, msg),
-            AppendError::Storage(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, reason, msg),
+            AppendError::Storage(cause) => Self::internal(reason, &cause),
             AppendError::StorageFailed(f) => Self::storage_failed(&f),
             AppendError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, reason, msg),
             AppendError::NotServing(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, reason, msg),
@@ -149,7 +182,7 @@ impl From<LeaseOpError> for ApiError {
                 LeaseError::TokensExhausted => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "tokens_exhausted", msg),
             },
             LeaseOpError::UnknownPartition { .. } => Self::bad_request("unknown_partition", msg),
-            LeaseOpError::Storage(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", msg),
+            LeaseOpError::Storage(cause) => Self::internal("storage", &cause),
             LeaseOpError::StorageFailed(f) => Self::storage_failed(&f),
             LeaseOpError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "lease_authority_unavailable", msg),
             LeaseOpError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "closed", msg),
@@ -162,9 +195,7 @@ impl From<ReadError> for ApiError {
         let msg = e.to_string();
         match e {
             ReadError::UnknownPartition { .. } => Self::not_found("unknown_partition", msg),
-            ReadError::Storage(_) | ReadError::Damaged { .. } => {
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", msg)
-            }
+            ReadError::Storage(_) | ReadError::Damaged { .. } => Self::internal("storage", &msg),
         }
     }
 }
@@ -238,11 +269,7 @@ impl From<crate::guard::Refusal> for ApiError {
                 "body_too_large",
                 format!("request body is larger than the {max}-byte limit"),
             ),
-            R::AuditStorage(e) => Self::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "storage",
-                format!("audit log: {e}"),
-            ),
+            R::AuditStorage(e) => Self::internal("storage", &format!("audit log: {e}")),
         }
     }
 }
@@ -251,11 +278,48 @@ impl From<palisade_log::AuditError> for ApiError {
     fn from(e: palisade_log::AuditError) -> Self {
         match e {
             palisade_log::AuditError::Failed(f) => Self::storage_failed(&f),
-            other => Self::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "storage",
-                other.to_string(),
-            ),
+            other => Self::internal("storage", &other),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Issue 18: 500 bodies carried the OS's words ("No space left on
+    /// device (os error 28)", file paths). They carry a generic message and
+    /// an incident id; the cause is logged.
+    #[test]
+    fn internal_errors_carry_no_os_text() {
+        let os = "IO error: No space left on device (os error 28) at /srv/palisade/db";
+        let errors = [
+            ApiError::from(AppendError::Storage(os.into())),
+            ApiError::from(LeaseOpError::Storage(os.into())),
+            ApiError::from(ReadError::Damaged {
+                key: b"/srv sled key".to_vec(),
+                source: palisade_core::codec::CodecError::Empty,
+            }),
+            ApiError::from(crate::guard::Refusal::AuditStorage(os.into())),
+        ];
+        for e in errors {
+            assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(e.error, "storage");
+            for leak in ["os error", "No space", "/srv", "IO error", "sled"] {
+                assert!(!e.message.contains(leak), "{}", e.message);
+            }
+            let incident = e.details["incident"].as_str().unwrap();
+            assert_eq!(incident.len(), 12);
+            assert!(e.message.contains(incident), "{}", e.message);
+        }
+    }
+
+    /// Refusals a client can act on keep their specific message.
+    #[test]
+    fn client_errors_keep_their_message() {
+        let e = ApiError::from(AppendError::BadEvent("type must be 1 to 128 bytes".into()));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("type must be"), "{}", e.message);
     }
 }

@@ -540,8 +540,17 @@ async fn acquire(
         None => None,
     };
     if max > 0 {
+        // Acquiring a scope the principal already holds replaces that lease
+        // (a new lease and token, the old one superseded): the count of its
+        // live leases does not grow, so the limit does not refuse it. It is
+        // how a holder that lost its lease id, or wants a newer token, gets
+        // one back.
+        let replaces_own = s
+            .store
+            .lease_holder(&scope)
+            .is_some_and(|l| l.holder == holder);
         let held = s.store.live_leases_of(&holder);
-        if held >= max {
+        if held >= max && !replaces_own {
             return audit.refuse(AuditOutcome::Limited, Refusal::TooManyLeases { held, max });
         }
     }

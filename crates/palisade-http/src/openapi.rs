@@ -166,6 +166,9 @@ pub(crate) struct ErrorBody {
     error: String,
     /// For people.
     message: String,
+    /// On a `500`: the id under which the store logged the cause (the body
+    /// carries no OS or storage error text).
+    incident: Option<String>,
 }
 
 /// `409 stale_token`: a later grant covering this twin was seen.

@@ -339,12 +339,22 @@ pub(crate) async fn release(
 }
 
 fn fencing_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
-    let raw = headers.get("fencing-token").ok_or_else(|| {
+    let mut all = headers.get_all("fencing-token").iter();
+    let raw = all.next().ok_or_else(|| {
         ApiError::bad_request(
             "missing_token",
             "the Fencing-Token header is required: the token of your lease",
         )
     })?;
+    // Two tokens are two claims: taking either one (the first, as proxies
+    // and frameworks disagree on which) could let a write through under a
+    // token its sender did not mean. Refuse rather than guess.
+    if all.next().is_some() {
+        return Err(ApiError::bad_request(
+            "bad_token",
+            "give exactly one Fencing-Token header",
+        ));
+    }
     let text = raw
         .to_str()
         .map_err(|_| ApiError::bad_request("bad_token", "Fencing-Token must be a decimal number"))?
@@ -363,18 +373,42 @@ fn fencing_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
     })
 }
 
+/// `If-Match`: one entity tag, the twin version the append expects.
+///
+/// RFC 9110 13.1.1: If-Match compares strongly, and a weak tag never
+/// matches strongly, so `W/"12"` is a precondition that fails (412), not a
+/// malformed header. Lists and `*` are not supported (400).
 fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
-    let Some(raw) = headers.get(header::IF_MATCH) else {
+    let mut all = headers.get_all(header::IF_MATCH).iter();
+    let Some(raw) = all.next() else {
         return Ok(None);
     };
-    let text = raw.to_str().unwrap_or("").trim();
-    let text = text.strip_prefix("W/").unwrap_or(text).trim_matches('"');
-    text.parse::<u64>().map(Some).map_err(|_| {
+    let bad = || {
         ApiError::bad_request(
             "bad_if_match",
-            "If-Match must be a twin version (its ETag), e.g. \"12\"",
+            "If-Match must be one twin version (its ETag), e.g. \"12\"",
         )
-    })
+    };
+    if all.next().is_some() {
+        return Err(bad());
+    }
+    let text = raw.to_str().unwrap_or("").trim();
+    let (weak, tag) = match text.strip_prefix("W/") {
+        Some(t) => (true, t),
+        None => (false, text),
+    };
+    let version = tag.trim_matches('"').parse::<u64>().map_err(|_| bad())?;
+    if weak {
+        return Err(ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "weak_if_match",
+            format!(
+                "If-Match compares entity tags strongly (RFC 9110 13.1.1): the weak tag \
+                 W/\"{version}\" never matches; send \"{version}\""
+            ),
+        ));
+    }
+    Ok(Some(version))
 }
 
 /// Append one event or a batch to a twin, fenced by the lease's token.
@@ -384,18 +418,19 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     tag = "events",
     params(
         TwinPath,
-        ("Fencing-Token" = u64, Header, description = "The token of your lease (decimal)"),
-        ("If-Match" = Option<String>, Header, nullable = false, pattern = "^(W/)?\"?[0-9]{1,20}\"?$", description = "Append only if the twin's version is this ETag, e.g. `\"12\"`"),
+        ("Fencing-Token" = u64, Header, description = "The token of your lease (decimal); exactly one such header"),
+        ("If-Match" = Option<String>, Header, nullable = false, pattern = "^(W/)?\"?[0-9]{1,20}\"?$", description = "Append only if the twin's version is this ETag, e.g. `\"12\"` (strong comparison: a weak `W/` tag never matches, `412 weak_if_match`)"),
     ),
     request_body(content = EventsIn, content_type = "application/json"),
     responses(
         (status = 201, description = "Appended (on disk) or acknowledged as duplicates", body = AppendResponse,
             headers(("ETag" = String, description = "The twin's version, quoted"))),
-        (status = 400, description = "`missing_token`, `bad_token`, `bad_json`, `bad_patch`, `bad_event`, `bad_hlc`, \
+        (status = 400, description = "`missing_token`, `bad_token` (also for two `Fencing-Token` headers), `bad_json`, `bad_patch`, \
+            `bad_event` (`type` or `event_id` empty, too long or with a control character), `bad_hlc`, \
             `bad_if_match`, `bad_twin_id`, `no_events`, `bad_body`, `twin_id_too_long` (a configured limit)", body = ErrorBody),
         (status = 403, description = "`token_not_issued`, `token_scope_mismatch` (`scope`)", body = TokenRefusedError),
         (status = 409, description = "`stale_token`: a later grant covering this twin was seen", body = StaleTokenError),
-        (status = 412, description = "`version_mismatch`", body = VersionMismatchError),
+        (status = 412, description = "`version_mismatch` (`expected`, `current`); `weak_if_match` (a weak `W/` tag, which never matches strongly)", body = VersionMismatchError),
         (status = 413, description = "`body_too_large`, `batch_too_large`, `patch_too_large`", body = ErrorBody),
         (status = 422, description = "`clock_drift`: the event's HLC is too far ahead", body = ClockDriftError),
         (status = 500, description = "`storage`", body = ErrorBody),
@@ -470,13 +505,14 @@ pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiErro
     tag = "events",
     params(
         TwinPath,
-        ("If-None-Match" = Option<String>, Header, nullable = false, description = "The ETag you have: `304` if it is still current"),
+        ("If-None-Match" = Option<String>, Header, nullable = false, description = "The ETag you have: `304` if it is still the version of what you asked for (now, or at that `at_seq`/`at_hlc`)"),
         TwinQuery,
     ),
     responses(
         (status = 200, description = "The twin", body = TwinResponse,
             headers(("ETag" = String, description = "The twin's version, quoted"))),
-        (status = 304, description = "Not modified (`If-None-Match` names the current version, `*`, or a list including it; weak tags compare equal)"),
+        (status = 304, description = "Not modified (`If-None-Match` names the version of the state asked for, `*`, or a list including it; weak tags compare equal), with its `ETag`",
+            headers(("ETag" = String, description = "The version, quoted"))),
         (status = 400, description = "`bad_twin_id`, `bad_query`, `bad_hlc`", body = ErrorBody),
         (status = 404, description = "`twin_not_found`", body = ErrorBody),
         (status = 500, description = "`storage`", body = ErrorBody),
@@ -517,13 +553,19 @@ pub(crate) async fn get_twin(
         )
     })?;
     let etag = format!("\"{}\"", view.version);
-    if at == AsOf::Latest
-        && headers
-            .get(header::IF_NONE_MATCH)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| if_none_match_hits(v, &etag))
+    // For historic reads too (RFC 9110 13.1.2): `?at_seq=` and `?at_hlc=`
+    // name their own resource, whose version is the ETag sent with it.
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| if_none_match_hits(v, &etag))
     {
-        return Ok(StatusCode::NOT_MODIFIED.into_response());
+        // RFC 9110 15.4.5: a 304 carries the ETag a 200 would have.
+        let mut resp = StatusCode::NOT_MODIFIED.into_response();
+        if let Ok(v) = HeaderValue::from_str(&etag) {
+            resp.headers_mut().insert(header::ETAG, v);
+        }
+        return Ok(resp);
     }
     let hlc = view
         .field_hlcs
@@ -552,8 +594,27 @@ pub(crate) async fn get_twin(
 pub(crate) struct PageQuery {
     /// Events with a seq above this (default 0: from the start).
     after: Option<u64>,
-    /// Page size: default 100, at most 1000 (larger values are clamped).
+    /// Page size: default 100, at least 1 (`0` is `400 bad_query`), at
+    /// most 1000 (larger values are clamped).
+    #[param(minimum = 1)]
     limit: Option<usize>,
+}
+
+/// A `limit` query parameter: `default` if absent, clamped to `max`. `0` is
+/// refused: an empty page reads as "no more events", which a pager would
+/// take for the end of the log.
+pub(crate) fn page_limit(
+    limit: Option<usize>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
+    match limit {
+        Some(0) => Err(ApiError::bad_request(
+            "bad_query",
+            format!("limit must be 1 to {max} (larger values are clamped), got 0"),
+        )),
+        other => Ok(other.unwrap_or(default).min(max)),
+    }
 }
 
 fn page(events: Vec<palisade_core::Event>) -> Json<EventsPage> {
@@ -587,7 +648,7 @@ pub(crate) async fn twin_events(
 ) -> Result<Json<EventsPage>, ApiError> {
     let twin = twin_id(twin)?;
     let q = query(q)?;
-    let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
+    let limit = page_limit(q.limit, 100, s.config.max_page)?;
     Ok(page(
         s.store
             .twin_events_async(&twin, q.after.unwrap_or(0), limit)
@@ -623,7 +684,7 @@ pub(crate) async fn partition_events(
         )
     })?;
     let q = query(q)?;
-    let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
+    let limit = page_limit(q.limit, 100, s.config.max_page)?;
     Ok(page(
         s.store
             .partition_events_async(PartitionId(p), q.after.unwrap_or(0), limit)
@@ -667,7 +728,9 @@ pub(crate) async fn partitions(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct LimitQuery {
-    /// At most this many (default 100, at most 1024; larger values are clamped).
+    /// At most this many (default 100, at least 1, at most 1024; larger
+    /// values are clamped).
+    #[param(minimum = 1)]
     limit: Option<usize>,
 }
 
@@ -686,10 +749,7 @@ pub(crate) async fn rejections(
     State(s): State<AppState>,
     q: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Json<RejectionsResponse>, ApiError> {
-    let limit = query(q)?
-        .limit
-        .unwrap_or(100)
-        .clamp(1, palisade_log::REJECTION_LOG_LEN);
+    let limit = page_limit(query(q)?.limit, 100, palisade_log::REJECTION_LOG_LEN)?;
     let rejections = s
         .store
         .rejections(limit)
@@ -716,7 +776,9 @@ pub(crate) struct DeadLetterQuery {
     partition: Option<u32>,
     /// Only Kafka offsets above this.
     after: Option<u64>,
-    /// At most this many (default 100, at most 1000; larger values are clamped).
+    /// At most this many (default 100, at least 1, at most 1000; larger
+    /// values are clamped).
+    #[param(minimum = 1)]
     limit: Option<usize>,
 }
 
@@ -749,7 +811,7 @@ pub(crate) async fn dead_letters(
             ));
         }
     }
-    let limit = q.limit.unwrap_or(100).clamp(1, s.config.max_page);
+    let limit = page_limit(q.limit, 100, s.config.max_page)?;
     let dead_letters = s
         .store
         .dead_letters_async(q.partition.map(PartitionId), q.after, limit)
@@ -796,5 +858,84 @@ mod if_none_match_tests {
         assert!(!if_none_match_hits("\"3\", \"9\"", "\"7\""));
         assert!(!if_none_match_hits("7", "\"7\""));
         assert!(!if_none_match_hits("", "\"7\""));
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod header_tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn exactly_one_fencing_token() {
+        assert_eq!(
+            fencing_token(&headers(&[("fencing-token", "7")])).unwrap(),
+            FencingToken(7)
+        );
+        for twice in [
+            &[("fencing-token", "7"), ("fencing-token", "9")][..],
+            &[("fencing-token", "7"), ("fencing-token", "7")],
+        ] {
+            let e = fencing_token(&headers(twice)).unwrap_err();
+            assert_eq!(
+                (e.status(), e.name()),
+                (StatusCode::BAD_REQUEST, "bad_token")
+            );
+        }
+    }
+
+    #[test]
+    fn if_match_is_strong() {
+        let im = |v: &'static str| if_match(&headers(&[("if-match", v)]));
+        assert_eq!(im("\"12\"").unwrap(), Some(12));
+        assert_eq!(if_match(&HeaderMap::new()).unwrap(), None);
+        // RFC 9110 13.1.1: a weak tag never matches strongly: 412, not 400.
+        let e = im("W/\"12\"").unwrap_err();
+        assert_eq!(
+            (e.status(), e.name()),
+            (StatusCode::PRECONDITION_FAILED, "weak_if_match")
+        );
+        for bad in ["abc", "*", "\"1\", \"2\"", "W/abc"] {
+            assert_eq!(im(bad).unwrap_err().name(), "bad_if_match", "{bad}");
+        }
+        let two = headers(&[("if-match", "\"1\""), ("if-match", "\"1\"")]);
+        assert_eq!(if_match(&two).unwrap_err().name(), "bad_if_match");
+    }
+
+    #[test]
+    fn a_zero_limit_is_refused_and_large_ones_clamped() {
+        assert_eq!(page_limit(None, 100, 1000).unwrap(), 100);
+        assert_eq!(page_limit(Some(1), 100, 1000).unwrap(), 1);
+        assert_eq!(page_limit(Some(5000), 100, 1000).unwrap(), 1000);
+        let e = page_limit(Some(0), 100, 1000).unwrap_err();
+        assert_eq!(
+            (e.status(), e.name()),
+            (StatusCode::BAD_REQUEST, "bad_query")
+        );
+    }
+
+    /// Issue 18: serde named the body's Rust type ("expected struct LeaseIn").
+    #[test]
+    fn bad_lease_bodies_name_no_rust_type() {
+        for body in [&b"5"[..], b"[]", b"\"x\"", b"null", b"[1, 2]"] {
+            let e = json_body::<LeaseIn>(body).unwrap_err();
+            assert_eq!(e.name(), "bad_json");
+            let m = e.message();
+            assert!(!m.contains("LeaseIn") && !m.contains("struct"), "{m}");
+        }
+        let e = json_body::<LeaseIn>(b"5").unwrap_err();
+        assert!(
+            e.message().contains("a lease request object"),
+            "{}",
+            e.message()
+        );
     }
 }

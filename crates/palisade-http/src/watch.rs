@@ -98,9 +98,16 @@ fn stream_of(cursor: Cursor) -> impl Stream<Item = Result<SseEvent, Infallible>>
                     }
                 }
                 Err(e) => {
-                    let msg = serde_json::json!({ "error": "storage", "message": e.to_string() })
-                        .to_string();
-                    tracing::warn!(error = %e, "change stream read failed");
+                    // As for a 500: the cause (sled's or the OS's words) is
+                    // logged, the client gets the name and an incident id.
+                    let incident = crate::error::incident_id();
+                    let msg = serde_json::json!({
+                        "error": "storage",
+                        "message": crate::error::internal_message("storage", &incident),
+                        "incident": incident,
+                    })
+                    .to_string();
+                    tracing::warn!(error = %e, incident = %incident, "change stream read failed");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     return Some((Ok(SseEvent::default().event("error").data(msg)), c));
                 }

@@ -56,7 +56,12 @@ impl From<Event> for EventOut {
     json!({"scope": "twin/boiler-7", "holder": "worker-a", "ttl_ms": 10000}),
     json!({"scope": "partition/3", "holder": "worker-b", "ttl_ms": 30000}),
 ))]
-#[serde(deny_unknown_fields)]
+// `expecting`: serde would otherwise say "expected struct LeaseIn",
+// naming a Rust type the client has never seen.
+#[serde(
+    deny_unknown_fields,
+    expecting = "a lease request object {\"scope\", \"holder\", \"ttl_ms\"}"
+)]
 pub struct LeaseIn {
     /// `partition/<p>` (p below the partition count) or `twin/<id>`.
     #[schema(pattern = "^(partition/[0-9]+|twin/.+)$")]
