@@ -178,8 +178,10 @@ pub struct EventsArgs {
     /// Only events with a partition sequence number above this.
     #[arg(long, env = "PALISADE_AFTER", default_value_t = 0)]
     pub after: u64,
-    /// At most this many events (the store caps it, by default at 1000).
-    #[arg(long, env = "PALISADE_LIMIT", default_value_t = 100)]
+    /// At most this many events, at least 1 (the store caps it, by default
+    /// at 1000, and refuses 0).
+    #[arg(long, env = "PALISADE_LIMIT", default_value_t = 100,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub limit: usize,
     #[command(flatten)]
     pub conn: Conn,

@@ -128,7 +128,7 @@ fn usage_errors_exit_2_before_sending_anything() {
     let url = server.base.as_str();
     let (_, token) = acquire(url, "twin/u-1", "u");
     let t = token.to_string();
-    let cases: [&[&str]; 8] = [
+    let cases: [&[&str]; 9] = [
         &[
             "append", "--twin", "u-1", "--token", &t, "--patch", "not json",
         ],
@@ -155,6 +155,7 @@ fn usage_errors_exit_2_before_sending_anything() {
         &["get", "--twin", "u-1", "--at-seq", "1", "--at-hlc", "1/a"],
         &["tail", "--twin", "u-1", "--partition", "1"],
         &["tail"],
+        &["events", "--twin", "u-1", "--limit", "0"],
     ];
     for args in cases {
         let r = run(url, args);
