@@ -89,7 +89,7 @@ pub struct ServeProcess {
 
 impl ServeProcess {
     pub fn start(data: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        let child = Command::new(env!("CARGO_BIN_EXE_palisade"))
             .arg("serve")
             .arg("--data")
             .arg(data)
@@ -100,6 +100,12 @@ impl ServeProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn palisade serve");
+        Self::ready(child)
+    }
+
+    /// Wait for a spawned `palisade serve` (stdout piped) to print its
+    /// listening line; for processes started otherwise than by [`Self::start`].
+    pub fn ready(mut child: Child) -> Self {
         let stdout = child.stdout.take().unwrap();
         let mut line = String::new();
         BufReader::new(stdout)

@@ -29,28 +29,23 @@ use crate::support::ServeProcess;
 /// Added to every timeout before a connection counts as "not closed".
 const SLACK: Duration = Duration::from_secs(8);
 
-/// Short timeouts for these tests (milliseconds).
+/// Short timeouts for these tests (milliseconds; the same as `TIMEOUTS`).
 const HEADER_MS: u64 = 1000;
 const BODY_MS: u64 = 1000;
 const IDLE_MS: u64 = 3000;
 
-fn timeout_args() -> Vec<String> {
-    [
-        "--header-timeout-ms",
-        &HEADER_MS.to_string(),
-        "--body-timeout-ms",
-        &BODY_MS.to_string(),
-        "--idle-timeout-ms",
-        &IDLE_MS.to_string(),
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
-}
+const TIMEOUTS: [&str; 6] = [
+    "--header-timeout-ms",
+    "1000",
+    "--body-timeout-ms",
+    "1000",
+    "--idle-timeout-ms",
+    "3000",
+];
 
-/// `palisade serve` with `args`, under `ulimit -n <nofile>` if given, its
-/// stderr (RUST_LOG=info) in `log`.
-fn serve(data: &Path, args: &[String], nofile: Option<u64>, log: &Path) -> ServeProcess {
+/// `palisade serve` on `dir`/data with `args`, under `ulimit -n <nofile>` if
+/// given, its stderr (RUST_LOG=info) in `dir`/log.
+fn serve(dir: &Path, args: &[&str], nofile: Option<u64>) -> ServeProcess {
     let bin = env!("CARGO_BIN_EXE_palisade");
     let mut cmd = match nofile {
         // `exec`: the pid is palisade's own, and the limit is its hard limit
@@ -65,30 +60,15 @@ fn serve(data: &Path, args: &[String], nofile: Option<u64>, log: &Path) -> Serve
     let child = cmd
         .arg("serve")
         .arg("--data")
-        .arg(data)
+        .arg(dir.join("data"))
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
+        .stderr(std::fs::File::create(dir.join("log")).unwrap())
         .spawn()
         .expect("spawn palisade serve");
-    ready(child)
-}
-
-fn ready(mut child: std::process::Child) -> ServeProcess {
-    use std::io::BufRead;
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read ready line");
-    let base = line
-        .trim()
-        .strip_prefix("palisade listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line from palisade serve: {line:?}"))
-        .to_owned();
-    ServeProcess { child, base }
+    ServeProcess::ready(child)
 }
 
 fn addr_of(s: &ServeProcess) -> std::net::SocketAddr {
@@ -327,12 +307,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_over_http_are_closed_within_the_timeouts() {
     let dir = tempfile::tempdir().unwrap();
-    let s = serve(
-        &dir.path().join("data"),
-        &timeout_args(),
-        None,
-        &dir.path().join("log"),
-    );
+    let s = serve(dir.path(), &TIMEOUTS, None);
     let addr = addr_of(&s);
     slow_clients(
         || async move { TcpStream::connect(addr).await.unwrap() },
@@ -383,15 +358,11 @@ fn tls_pair(dir: &Path) -> (Vec<String>, tokio_rustls::TlsConnector) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_over_https_are_closed_within_the_timeouts() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut args, connector) = tls_pair(dir.path());
-    args.extend(timeout_args());
-    args.extend(["--max-connections", "4", "--max-connections-per-ip", "4"].map(String::from));
-    let s = serve(
-        &dir.path().join("data"),
-        &args,
-        None,
-        &dir.path().join("log"),
-    );
+    let (tls_args, connector) = tls_pair(dir.path());
+    let mut args: Vec<&str> = tls_args.iter().map(String::as_str).collect();
+    args.extend(TIMEOUTS);
+    args.extend(["--max-connections", "4", "--max-connections-per-ip", "4"]);
+    let s = serve(dir.path(), &args, None);
     let addr = addr_of(&s);
     let tls = |c: tokio_rustls::TlsConnector| async move {
         let tcp = TcpStream::connect(addr).await.unwrap();
@@ -452,23 +423,15 @@ async fn connect_from(local: &str, s: &ServeProcess) -> TcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_connection_cap_a_client_gets_503_and_then_service_again() {
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
+    let args = [
         "--max-connections",
         "6",
         "--max-connections-per-ip",
         "4",
         "--header-timeout-ms",
         "60000",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    let s = serve(
-        &dir.path().join("data"),
-        &args,
-        None,
-        &dir.path().join("log"),
-    );
+    ];
+    let s = serve(dir.path(), &args, None);
 
     // Per address: four from 127.0.0.1 are served (and stay open)...
     let mut held = Vec::new();
@@ -543,11 +506,8 @@ async fn past_the_connection_cap_a_client_gets_503_and_then_service_again() {
 async fn under_ulimit_64_idle_connections_never_wedge_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let args: Vec<String> = ["--header-timeout-ms", "10000", "--idle-timeout-ms", "10000"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-    let s = serve(&dir.path().join("data"), &args, Some(64), &log);
+    let args = ["--header-timeout-ms", "10000", "--idle-timeout-ms", "10000"];
+    let s = serve(dir.path(), &args, Some(64));
     let mut c = connect(&s).await;
     let lease = post(
         &mut c,
@@ -631,27 +591,19 @@ async fn under_ulimit_64_idle_connections_never_wedge_the_store() {
 async fn failed_accepts_back_off_and_are_logged_once_per_burst() {
     let dir = tempfile::tempdir().unwrap();
     // How many descriptors a fresh store has open once it serves.
-    let probe = serve(
-        &dir.path().join("probe"),
-        &[],
-        None,
-        &dir.path().join("probe.log"),
-    );
+    let probe_dir = dir.path().join("probe");
+    std::fs::create_dir(&probe_dir).unwrap();
+    let probe = serve(&probe_dir, &[], None);
     let open_at_start = std::fs::read_dir(format!("/proc/{}/fd", probe.child.id()))
         .unwrap()
         .count() as u64;
     probe.terminate();
     let log = dir.path().join("log");
-    let args: Vec<String> = ["--header-timeout-ms", "60000"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
     // Room for one connection and a few of the refusal tasks' sockets.
     let s = serve(
-        &dir.path().join("data"),
-        &args,
+        dir.path(),
+        &["--header-timeout-ms", "60000"],
         Some(open_at_start + 5),
-        &log,
     );
 
     let mut flood = Vec::new();
@@ -713,23 +665,15 @@ async fn failed_accepts_back_off_and_are_logged_once_per_burst() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_stream_outlives_every_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
+    let args = [
         "--header-timeout-ms",
         "500",
         "--body-timeout-ms",
         "500",
         "--idle-timeout-ms",
         "500",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    let s = serve(
-        &dir.path().join("data"),
-        &args,
-        None,
-        &dir.path().join("log"),
-    );
+    ];
+    let s = serve(dir.path(), &args, None);
     let mut c = connect(&s).await;
     let lease = post(
         &mut c,

@@ -649,7 +649,7 @@ async fn soak() {
         None
     };
     let start_server = |args: &[String]| {
-        let mut child = std::process::Command::new(&bin)
+        let child = std::process::Command::new(&bin)
             .arg("serve")
             .arg("--data")
             .arg(&data)
@@ -660,18 +660,7 @@ async fn soak() {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .expect("spawn palisade serve");
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("palisade listening on ")
-            .unwrap_or_else(|| panic!("palisade serve did not start: {line:?}"))
-            .to_owned();
-        ServeProcess { child, base }
+        ServeProcess::ready(child)
     };
 
     let mut server = start_server(&args);
