@@ -553,6 +553,16 @@ fn headline(s: BenchScenario, sums: &[Summary]) -> BTreeMap<String, f64> {
                     put(k, r.get(k));
                 }
             }
+            if let Some(r) = find(sums, "read/idle/palisade") {
+                for k in ["reads_per_s", "p99_ms", "ratio_vs_http_null"] {
+                    put(&format!("idle_{k}"), r.get(k));
+                }
+            }
+            if let Some(r) = find(sums, "read/half_load/palisade") {
+                for k in ["reads_per_s", "p50_ms", "p99_ms", "append_p99_ms"] {
+                    put(&format!("half_load_{k}"), r.get(k));
+                }
+            }
         }
         BenchScenario::Ingest => {
             let p = find(sums, "ingest/palisade");

@@ -139,6 +139,9 @@ pub struct Loop {
     /// (twin id, fencing token) pairs to pick from uniformly.
     pub twins: Arc<Vec<(String, u64)>>,
     pub name: String,
+    /// Start a request at most this often (a paced loop, for latency at a
+    /// given rate); `None`: back to back.
+    pub pace: Option<Duration>,
 }
 
 /// Results of one kind of request in the measured window.
@@ -329,7 +332,17 @@ async fn one_loop(
     if l.twins.is_empty() {
         return (is_append, stats);
     }
+    let mut next_start = Instant::now();
     while phase.get() != DONE {
+        if let Some(pace) = l.pace {
+            // A fixed timeline: a late request does not push the next ones
+            // back, so the loop keeps its rate while it can.
+            let now = Instant::now();
+            if next_start > now {
+                tokio::time::sleep(next_start - now).await;
+            }
+            next_start = next_start.max(now) + pace;
+        }
         let (twin, token) = &l.twins[rng.below(l.twins.len())];
         let started = Instant::now();
         let (ok, n, err) = match l.op {

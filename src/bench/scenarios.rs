@@ -113,6 +113,7 @@ fn writer_loops(
                     .collect(),
             ),
             name: name.to_owned(),
+            pace: None,
         })
         .collect()
 }
@@ -450,7 +451,14 @@ async fn prefill(ctx: &Ctx, base: &str, ids: &[(String, u64)]) -> anyhow::Result
 /// Twins the readers read (all of them, up to this many).
 const MAX_READ_TWINS: usize = 10_000;
 
-/// `read`: GET twin state while writers append.
+/// `read`: GET twin state, beside a do-nothing handler on the same server
+/// runtime answering GETs with a body the size of a real one:
+///
+/// 1. `read/idle/*`: W readers, nothing else;
+/// 2. `read/*`: W readers while W writers append batches;
+/// 3. `read/half_load/palisade`: the same loops paced at half the read and
+///    append rates case 2 reached, for the latencies of a store at half its
+///    measured capacity.
 pub async fn read(ctx: &Ctx) -> anyhow::Result<RunOut> {
     let plan = &ctx.plan;
     let mut out = RunOut::default();
@@ -486,27 +494,31 @@ pub async fn read(ctx: &Ctx) -> anyhow::Result<RunOut> {
         .await?;
     let null = NullServer::start(&ctx.rt.handle(), sample.clone())?;
     let readable = Arc::new(readable);
-    let with_readers = |base: &str, name: &str| {
-        let mut loops = writer_loops(base, &twins, &per_writer, &tokens, plan.batch, name);
-        for _ in 0..plan.writers {
-            loops.push(Loop {
+    let readers = |base: &str, name: &str, pace: Option<Duration>| -> Vec<Loop> {
+        (0..plan.writers)
+            .map(|_| Loop {
                 base: base.to_owned(),
                 op: Op::Read,
                 twins: readable.clone(),
                 name: format!("{name}r"),
-            });
+                pace,
+            })
+            .collect()
+    };
+    let writers = |base: &str, name: &str, pace: Option<Duration>| -> Vec<Loop> {
+        let mut loops = writer_loops(base, &twins, &per_writer, &tokens, plan.batch, name);
+        for l in &mut loops {
+            l.pace = pace;
         }
         loops
     };
+    let store_name = |name: &str| if name.ends_with("palisade") { "w" } else { "n" };
     let mut cases = Vec::new();
-    for (name, base) in [
-        ("read/palisade", store.url.clone()),
-        ("read/http_null", null.url.clone()),
-    ] {
+    let mut run_case = async |name: &str, loops: Vec<Loop>| -> anyhow::Result<Case> {
         let r = load::run(
             &ctx.http,
             &ctx.events,
-            with_readers(&base, if name.ends_with("palisade") { "w" } else { "n" }),
+            loops,
             plan.warmup,
             plan.window,
             name,
@@ -517,6 +529,10 @@ pub async fn read(ctx: &Ctx) -> anyhow::Result<RunOut> {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         c.set("reads_per_s", f(r.read.requests) / secs);
         c.set("concurrent_append_events_per_s", f(r.append.events) / secs);
+        c.set(
+            "concurrent_append_requests_per_s",
+            f(r.append.requests) / secs,
+        );
         c.set("errors", f(r.read.error_count() + r.append.error_count()));
         r.read.latency.put_metrics(&mut c.metrics, "");
         r.append.latency.put_metrics(&mut c.metrics, "append_");
@@ -525,16 +541,49 @@ pub async fn read(ctx: &Ctx) -> anyhow::Result<RunOut> {
         if r.read.error_count() + r.append.error_count() > 0 {
             c.note("read_errors", json!(r.read.errors));
             c.note("append_errors", json!(r.append.errors));
-            if name.ends_with("palisade") {
+            if name.contains("palisade") {
                 out.failures.push(format!(
                     "{name}: failed requests: reads {:?}, appends {:?}",
                     r.read.errors, r.append.errors
                 ));
             }
         }
-        cases.push(c);
+        Ok(c)
+    };
+    // 1. Idle: readers only.
+    for (name, base) in [
+        ("read/idle/palisade", store.url.clone()),
+        ("read/idle/http_null", null.url.clone()),
+    ] {
+        cases.push(run_case(name, readers(&base, store_name(name), None)).await?);
     }
-    if let [pal, null_case] = &mut cases[..] {
+    // 2. Under the batched write load.
+    for (name, base) in [
+        ("read/palisade", store.url.clone()),
+        ("read/http_null", null.url.clone()),
+    ] {
+        let mut loops = writers(&base, store_name(name), None);
+        loops.extend(readers(&base, store_name(name), None));
+        cases.push(run_case(name, loops).await?);
+    }
+    // 3. Half of what case 2 reached, paced.
+    let loaded = &cases[2];
+    let pace_for = |per_s: Option<f64>| -> Option<Duration> {
+        let half = per_s? / 2.0;
+        (half > 0.0).then(|| Duration::from_secs_f64(plan.writers as f64 / half))
+    };
+    let (read_pace, write_pace) = (
+        pace_for(loaded.get("reads_per_s")),
+        pace_for(loaded.get("concurrent_append_requests_per_s")),
+    );
+    if let (Some(rp), Some(wp)) = (read_pace, write_pace) {
+        let name = "read/half_load/palisade";
+        let mut loops = writers(&store.url, "w", Some(wp));
+        loops.extend(readers(&store.url, "w", Some(rp)));
+        cases.push(run_case(name, loops).await?);
+    }
+    if let [idle, idle_null, pal, null_case, ..] = &mut cases[..] {
+        ratio(idle, "ratio_vs_http_null", "reads_per_s", idle_null);
         ratio(pal, "ratio_vs_http_null", "reads_per_s", null_case);
     }
     out.cases = cases;
