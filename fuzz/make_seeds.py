@@ -54,7 +54,8 @@ write(H, "unicode", '{"type":"\\u00e9\\ud83d\\ude00","patch":{"\\u0000":"x"},"ev
 
 # --- kafka_record: flags, partitions-1, partition, offset, max, key-len,
 # key, value-len (u16 LE), value, then headers: name-len, name, has-value,
-# value-len, value. Flags: 1 key, 2 value, 4 put it in its twin's partition.
+# value-len, value. Flags: 1 key, 2 value, 4 put it in its twin's partition,
+# 8 decode without strict partitioning (records routed by key).
 def record(flags, key, value, headers, partitions=16, partition=0, max_byte=0):
     out = bytes([flags, partitions - 1, partition & 0xFF, 1, max_byte])
     out += bytes([len(key)]) + key + struct.pack("<H", len(value)) + value
@@ -96,3 +97,5 @@ write(K, "bad-proto", record(7, b"pump-7", b"\xff\xff\xff", [tok]))
 write(K, "bad-patch", record(7, b"pump-7", pb_str(3, b"[1]"), [tok]))
 write(K, "bad-key-utf8", record(7, b"\xff\xfe", proto, [tok]))
 write(K, "one-partition", record(7, b"k", proto, [tok], partitions=1))
+write(K, "any-partition", record(11, b"pump-7", proto, [tok], partition=200))
+write(K, "two-same-tokens", record(7, b"pump-7", proto, [tok, tok]))

@@ -277,7 +277,9 @@ pub struct ServeConfig {
     #[arg(long, env = "PALISADE_INSECURE")]
     pub insecure: bool,
     /// Kafka bootstrap servers. When set, the store joins the consumer group
-    /// and ingests the topic (its partition count must equal the store's).
+    /// and ingests the topic: each record is applied to its twin's
+    /// partition, whichever partition of the topic it is in (any producer
+    /// partitioner, any partition count; see --kafka-strict-partitioning).
     #[arg(long, env = "PALISADE_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
     /// Topic of twin events.
@@ -293,6 +295,13 @@ pub struct ServeConfig {
     /// (1 KiB..=64 MiB).
     #[arg(long, env = "PALISADE_KAFKA_MAX_RECORD_BYTES", default_value_t = 1 << 20, value_parser = bounds::parser::<usize>(bounds::KAFKA_MAX_RECORD_BYTES))]
     pub kafka_max_record_bytes: usize,
+    /// Strict partitioning: the topic must have as many partitions as the
+    /// store and a record outside its twin's murmur2 partition (Kafka's
+    /// Java partitioner) is dead-lettered as `wrong_partition` instead of
+    /// being routed by key. For fleets that must prove every producer uses
+    /// murmur2. The variable takes true/false (also yes/no, on/off, 1/0).
+    #[arg(long, env = "PALISADE_KAFKA_STRICT_PARTITIONING", value_parser = clap::builder::BoolishValueParser::new())]
+    pub kafka_strict_partitioning: bool,
     /// Extra librdkafka client setting KEY=VALUE (TLS, SASL, timeouts); repeatable,
     /// comma separated in the environment variable.
     #[arg(long = "kafka-setting", env = "PALISADE_KAFKA_SETTINGS", value_delimiter = ',', value_parser = parse_setting)]
@@ -427,6 +436,7 @@ impl ServeConfig {
         c.dead_letter_topic
             .clone_from(&self.kafka_dead_letter_topic);
         c.max_value_bytes = self.kafka_max_record_bytes;
+        c.strict_partitioning = self.kafka_strict_partitioning;
         c.client_settings.clone_from(&self.kafka_settings);
         Some(c)
     }

@@ -94,7 +94,8 @@ impl<'a> Bytes<'a> {
 /// max-value, key-len, key, value-len (u16 LE), value`, then headers
 /// `name-len, name, has-value, value-len, value` to the end. Flags: bit 0
 /// key present, bit 1 value present, bit 2 put the record in its twin's
-/// partition (murmur2, as a producer would) instead of the partition byte.
+/// partition (murmur2, as a producer would) instead of the partition byte,
+/// bit 3 decode without strict partitioning (any partition is accepted).
 pub fn kafka_record(data: &[u8]) -> bool {
     let mut b = Bytes(data);
     let flags = b.byte();
@@ -136,15 +137,27 @@ pub fn kafka_record(data: &[u8]) -> bool {
         value: (flags & 2 != 0).then_some(value),
         headers: &header_refs,
     };
-    let Ok(d) = decode(&raw, partitions, max_value_bytes) else {
+    // Strict partitioning unless bit 3 is set (records routed by key).
+    let strict = (flags & 8 == 0).then_some(partitions);
+    let Ok(d) = decode(&raw, strict, max_value_bytes) else {
         return false;
     };
     assert!(!d.events.is_empty(), "a decoded record has events");
     assert_eq!(Some(&d.twin), twin.as_ref(), "the twin is the key");
-    assert_eq!(
-        i64::from(partition_for(&d.twin, partitions).0),
-        i64::from(partition),
-        "a decoded record is in its twin's partition"
+    if strict.is_some() {
+        assert_eq!(
+            i64::from(partition_for(&d.twin, partitions).0),
+            i64::from(partition),
+            "in strict mode a decoded record is in its twin's partition"
+        );
+    }
+    assert!(
+        header_refs
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("fencing-token"))
+            .count()
+            == 1,
+        "exactly one fencing-token header"
     );
     assert!(value.len() <= max_value_bytes, "the size limit holds");
     true

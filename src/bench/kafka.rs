@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use palisade_core::{NewEvent, PartitionId, TwinId};
+use palisade_core::{NewEvent, TwinId};
 use palisade_log::Store;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -331,7 +331,12 @@ pub async fn ingest(
     let applied = |store: &Store| -> u64 {
         last.keys()
             .filter_map(|p| u32::try_from(*p).ok())
-            .filter_map(|p| store.source_offset(PartitionId(p)).ok().flatten())
+            .filter_map(|p| {
+                store
+                    .source_offset(&palisade_log::Source::new(topic, p))
+                    .ok()
+                    .flatten()
+            })
             .map(|o| o + 1)
             .sum()
     };

@@ -24,7 +24,7 @@ use super::{out, CheckArgs, Failure};
 use crate::config::{ServeArgs, ServeConfig};
 
 /// Every key of the file: the ids of [`ServeConfig`]'s arguments.
-pub const KEYS: [&str; 28] = [
+pub const KEYS: [&str; 29] = [
     "data",
     "listen",
     "partitions",
@@ -47,6 +47,7 @@ pub const KEYS: [&str; 28] = [
     "kafka_group",
     "kafka_dead_letter_topic",
     "kafka_max_record_bytes",
+    "kafka_strict_partitioning",
     "kafka_settings",
     "lease_backend",
     "etcd_endpoints",
@@ -81,6 +82,7 @@ pub struct FileConfig {
     kafka_group: Option<String>,
     kafka_dead_letter_topic: Option<String>,
     kafka_max_record_bytes: Option<usize>,
+    kafka_strict_partitioning: Option<bool>,
     /// librdkafka settings: `{ "security.protocol" = "ssl", ... }`, string
     /// values (checked by [`FileConfig::parse`]).
     kafka_settings: Option<toml::Table>,
@@ -219,6 +221,7 @@ pub fn resolve(args: ServeArgs, m: &ArgMatches) -> Result<Resolved, String> {
         take!(kafka_group);
         take!(kafka_dead_letter_topic, Some);
         take!(kafka_max_record_bytes);
+        take!(kafka_strict_partitioning);
         take!(kafka_settings, settings_of);
         take!(lease_backend);
         take!(etcd_endpoints);
@@ -295,6 +298,10 @@ pub fn values(c: &ServeConfig) -> Vec<(&'static str, Option<toml::Value>)> {
             c.kafka_dead_letter_topic.as_deref().and_then(s),
         ),
         ("kafka_max_record_bytes", z(c.kafka_max_record_bytes)),
+        (
+            "kafka_strict_partitioning",
+            Some(V::Boolean(c.kafka_strict_partitioning)),
+        ),
         ("kafka_settings", settings),
         ("lease_backend", s(c.lease_backend.name())),
         (

@@ -252,6 +252,64 @@ fn every_bad_setting_is_refused_before_the_disk_is_touched() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `kafka_strict_partitioning` is a switch: `--kafka-strict-partitioning`
+/// takes no value, but its variable and the file's key do, and anything but
+/// a boolean there is refused (clap's default for a switch's variable reads
+/// any unknown word as true, which would turn strict mode on by a typo).
+#[test]
+fn a_bad_strict_partitioning_value_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("strict.toml");
+    std::fs::write(&file, "kafka_strict_partitioning = \"maybe\"\n").unwrap();
+    let key = "kafka_strict_partitioning";
+    let ways: Vec<(&str, Command)> = vec![
+        ("serve env", {
+            let mut cmd = serve(&dir.path().join("data-env"));
+            cmd.env(env_var(key), "maybe");
+            cmd
+        }),
+        ("config check env", {
+            let mut cmd = palisade();
+            cmd.args(["config", "check"]).env(env_var(key), "maybe");
+            cmd
+        }),
+        ("serve --config", {
+            let mut cmd = serve(&dir.path().join("data-file"));
+            cmd.arg("--config").arg(&file);
+            cmd
+        }),
+    ];
+    for (how, cmd) in ways {
+        let r = refused(cmd);
+        assert!(
+            r.code != 0 && r.code != -1 && r.code != 101,
+            "{how}: exit {}",
+            r.code
+        );
+        assert!(
+            r.stderr.contains(key) || r.stderr.contains(&flag(key)),
+            "{how}: {}",
+            r.stderr
+        );
+        assert!(!r.stdout.contains("listening"), "{how}: started");
+    }
+    assert!(!dir.path().join("data-env").exists());
+    assert!(!dir.path().join("data-file").exists());
+    // The accepted spellings.
+    for v in ["true", "false", "yes", "off", "1"] {
+        let out = palisade()
+            .args(["config", "check"])
+            .env(env_var(key), v)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{v}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Values the range checks let through leave no room for a panic later:
 /// the smallest cache and body, the largest drift and snapshot period.
 #[test]

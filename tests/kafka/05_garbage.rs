@@ -1,8 +1,11 @@
-//! Records that cannot be applied: undecodable values, missing or malformed
-//! tokens and keys, records in the wrong partition, oversized values, bad
-//! JSON, unknown content types, unissued or foreign tokens. Each is
-//! dead-lettered with its stable reason (and copied to the dead-letter topic),
-//! the partition keeps flowing, the server stays healthy.
+//! Records that cannot be applied: undecodable values, missing, duplicated
+//! or malformed tokens and keys, records in the wrong partition (the store
+//! runs in strict partitioning mode here; without it such a record is
+//! routed by key, `07_partitioners.rs`), oversized values, bad JSON, unknown
+//! content types, a control character in a protobuf event's type, unissued
+//! or foreign tokens, a copy a cluster node forwarded. Each is dead-lettered
+//! with its stable reason (and copied to the dead-letter topic), the
+//! partition keeps flowing, the server stays healthy.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -16,8 +19,8 @@ use serde_json::{json, Value};
 
 use crate::broker::{broker, unique, TestTopic, PARTITIONS};
 use crate::{
-    event_ids, healthy, partition_events, publish, publisher, serve, twin_token, twins_in,
-    wait_handled, Sent,
+    event_ids, healthy, partition_events, proto_event, publish, publisher, serve, twin_token,
+    twins_in, wait_handled, Sent,
 };
 
 const MAX_RECORD_BYTES: usize = 1024;
@@ -137,6 +140,7 @@ async fn garbage_is_dead_lettered_and_the_partitions_keep_flowing() {
             &max,
             "--kafka-dead-letter-topic",
             &dlq,
+            "--kafka-strict-partitioning",
         ],
     );
     let c = s.client();
@@ -224,6 +228,14 @@ async fn garbage_is_dead_lettered_and_the_partitions_keep_flowing() {
             reason: "bad_token",
         },
         Raw {
+            what: "two token headers",
+            partition: 2,
+            key: key(2),
+            value: Some(json_event("x15")),
+            headers: vec![tok(2), tok(2), json_ct.clone()],
+            reason: "bad_token",
+        },
+        Raw {
             what: "empty key",
             partition: 2,
             key: Some(Vec::new()),
@@ -308,7 +320,28 @@ async fn garbage_is_dead_lettered_and_the_partitions_keep_flowing() {
             headers: vec![tok(3), json_ct.clone(), h("hlc", "soon")],
             reason: "bad_hlc",
         },
-        // Decoded fine, refused by the writer's fence rules (not stale):
+        Raw {
+            what: "a cluster node's forwarded copy",
+            partition: 3,
+            key: key(3),
+            value: Some(json_event("x16")),
+            headers: vec![
+                tok(3),
+                json_ct.clone(),
+                h("palisade-origin-partition", "1"),
+                h("palisade-origin-offset", "7"),
+            ],
+            reason: "forwarded_record",
+        },
+        // Decoded fine, refused by the writer's checks (not stale):
+        Raw {
+            what: "control character in a protobuf event's type",
+            partition: 3,
+            key: key(3),
+            value: Some(proto_event("x17", "update\u{1b}[2J", r#"{"ok":false}"#)),
+            headers: vec![tok(3)],
+            reason: "bad_event",
+        },
         Raw {
             what: "token never issued",
             partition: 0,

@@ -25,7 +25,7 @@ fn in_ci() -> bool {
 }
 
 /// Fail in CI, skip loudly elsewhere. Returns whether to skip.
-fn missing(what: &str, install: &str) -> bool {
+pub(crate) fn missing(what: &str, install: &str) -> bool {
     let msg = format!(
         "{what} is not available. Install it with:\n{install}\n(see tests/kafka/README.md)"
     );
@@ -59,18 +59,20 @@ const KCAT_TANSU_INSTALL: &str = "  python3 -m venv ~/.cache/palisade/venv
   ln -sf ~/.cache/palisade/venv/lib/python3.*/site-packages/confluent_kafka.libs/librdkafka-*.so.1 \\
     ~/.cache/palisade/librdkafka-wheel/librdkafka.so.1
   (or set PALISADE_KCAT_LD_LIBRARY_PATH to a folder holding a librdkafka.so.1 >= 2.1)";
-const PYTHON_INSTALL: &str = "  pip install confluent-kafka   (for the python3 on PATH)
+pub(crate) const PYTHON_INSTALL: &str = "  pip install confluent-kafka   (for the python3 on PATH)
   or: python3 -m venv ~/.cache/palisade/venv && ~/.cache/palisade/venv/bin/pip install confluent-kafka
   or: set PALISADE_PYTHON to a python that has it";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interop_kcat_when_installed() {
+/// kcat, and the `LD_LIBRARY_PATH` it needs on this broker: `None` when it
+/// is missing (the test is skipped, or fails in CI); `Some(None)` when
+/// Debian's own librdkafka does.
+pub(crate) fn kcat_ld_path() -> Option<Option<PathBuf>> {
     let Some(debian) = kcat_librdkafka(None) else {
         missing("kcat", KCAT_INSTALL);
-        return;
+        return None;
     };
     // Against tansu, kcat needs a librdkafka newer than Debian's 2.0.2.
-    let ld_path = if broker().is_tansu() {
+    Some(if broker().is_tansu() {
         let dir = std::env::var_os("PALISADE_KCAT_LD_LIBRARY_PATH")
             .map_or_else(|| home_cache().join("librdkafka-wheel"), PathBuf::from);
         match kcat_librdkafka(Some(&dir)) {
@@ -89,11 +91,18 @@ async fn interop_kcat_when_installed() {
                     ),
                     KCAT_TANSU_INSTALL,
                 );
-                return;
+                return None;
             }
         }
     } else {
         None
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interop_kcat_when_installed() {
+    let Some(ld_path) = kcat_ld_path() else {
+        return;
     };
 
     let t = TestTopic::new("kcat");
@@ -170,7 +179,7 @@ async fn interop_kcat_when_installed() {
 
 /// A python with confluent_kafka: `PALISADE_PYTHON`, else `python3`, else
 /// the venv docs/kafka-brokers.md creates.
-fn python_with_confluent_kafka() -> Option<PathBuf> {
+pub(crate) fn python_with_confluent_kafka() -> Option<PathBuf> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("PALISADE_PYTHON") {
         candidates.push(p.into());

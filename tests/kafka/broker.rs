@@ -241,7 +241,8 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{stamp}-{n}", std::process::id())
 }
 
-/// A fresh topic (created with [`PARTITIONS`] partitions) and consumer group.
+/// A fresh topic (created with [`PARTITIONS`] partitions, unless asked
+/// otherwise) and consumer group.
 #[derive(Debug, Clone)]
 pub struct TestTopic {
     pub topic: String,
@@ -250,8 +251,13 @@ pub struct TestTopic {
 
 impl TestTopic {
     pub fn new(prefix: &str) -> Self {
+        Self::with_partitions(prefix, PARTITIONS)
+    }
+
+    /// A topic of `partitions` partitions (the store keeps [`PARTITIONS`]).
+    pub fn with_partitions(prefix: &str, partitions: u32) -> Self {
         let topic = unique(prefix);
-        broker().create_topic(&topic, PARTITIONS);
+        broker().create_topic(&topic, partitions);
         Self {
             group: format!("{topic}-group"),
             topic,

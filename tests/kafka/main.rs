@@ -30,6 +30,9 @@ mod garbage;
 #[path = "06_interop.rs"]
 mod interop;
 
+#[path = "07_partitioners.rs"]
+mod partitioners;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
@@ -96,6 +99,19 @@ pub async fn publish(p: &Publisher, twin: &str, token: u64, event_id: &str, patc
         partition,
         offset: u64::try_from(offset).unwrap(),
     }
+}
+
+/// A `palisade.v1.TwinEvent` encoded by hand (fields 1 `event_id`, 2
+/// `type`, 3 `patch_json`; each shorter than 128 bytes), for records no
+/// publisher would make.
+pub fn proto_event(event_id: &str, ty: &str, patch: &str) -> Vec<u8> {
+    let mut v = Vec::new();
+    for (field, s) in [(1u8, event_id), (2, ty), (3, patch)] {
+        v.push((field << 3) | 2);
+        v.push(u8::try_from(s.len()).unwrap());
+        v.extend_from_slice(s.as_bytes());
+    }
+    v
 }
 
 pub fn partition_of(twin: &str) -> u32 {

@@ -756,11 +756,13 @@ pub(crate) async fn rejections(
         .into_iter()
         .map(|r| RejectionOut {
             at_ms: r.at_ms,
+            event_ids: r.event_ids,
             message: r.detail,
             offset: r.offset,
             partition: r.partition.0,
             reason: r.reason.to_owned(),
             source: r.source.to_owned(),
+            source_partition: r.source_partition,
             token: r.token.0,
             twin_id: r.twin.as_str().to_owned(),
         })
@@ -772,9 +774,10 @@ pub(crate) async fn rejections(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct DeadLetterQuery {
-    /// Only this partition's dead letters.
+    /// Only the dead letters of this Kafka partition (of the ingested
+    /// topic; it may have more partitions than the store).
     partition: Option<u32>,
-    /// Only Kafka offsets above this.
+    /// Only Kafka offsets above this (within each partition).
     after: Option<u64>,
     /// At most this many (default 100, at least 1, at most 1000; larger
     /// values are clamped).
@@ -791,7 +794,6 @@ pub(crate) struct DeadLetterQuery {
     responses(
         (status = 200, description = "Dead letters, oldest first (last 10,000 per partition)", body = DeadLettersResponse),
         (status = 400, description = "`bad_query`", body = ErrorBody),
-        (status = 404, description = "`unknown_partition`", body = ErrorBody),
         (status = 500, description = "`storage`", body = ErrorBody),
     )
 )]
@@ -800,21 +802,12 @@ pub(crate) async fn dead_letters(
     q: Result<Query<DeadLetterQuery>, QueryRejection>,
 ) -> Result<Json<DeadLettersResponse>, ApiError> {
     let q = query(q)?;
-    if let Some(p) = q.partition {
-        if p >= s.store.partitions() {
-            return Err(ApiError::not_found(
-                "unknown_partition",
-                format!(
-                    "partition {p} does not exist; this store has {}",
-                    s.store.partitions()
-                ),
-            ));
-        }
-    }
+    // `partition` is a Kafka partition: the topic may have more than the
+    // store (records are routed by key), so any number is a valid filter.
     let limit = page_limit(q.limit, 100, s.config.max_page)?;
     let dead_letters = s
         .store
-        .dead_letters_async(q.partition.map(PartitionId), q.after, limit)
+        .dead_letters_async(q.partition, q.after, limit)
         .await?
         .into_iter()
         .map(|d| DeadLetterOut {

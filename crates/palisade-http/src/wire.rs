@@ -180,19 +180,27 @@ pub struct RejectionsResponse {
     pub rejections: Vec<RejectionOut>,
 }
 
-/// A refused write (HTTP or Kafka).
+/// A refused write (HTTP or Kafka): enough to find the record and to
+/// reconcile what the writer tried to do.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RejectionOut {
     pub at_ms: u64,
+    /// The ids of the refused events, in order.
+    pub event_ids: Vec<String>,
     pub message: String,
-    /// The Kafka offset (`null` for HTTP).
+    /// The Kafka offset (`null` for HTTP), in `source_partition`.
     pub offset: Option<u64>,
+    /// The store partition of the twin.
     pub partition: u32,
     /// Stable reason name, as the `error` of the refused request.
     pub reason: String,
     /// `http` or `kafka`.
     pub source: String,
+    /// The Kafka partition the record was read from (`null` for HTTP); it
+    /// may differ from `partition`: records are routed by key.
+    pub source_partition: Option<u32>,
     pub token: u64,
+    /// The twin (the record's key).
     pub twin_id: String,
 }
 

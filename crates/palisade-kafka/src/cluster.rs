@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::{FencingToken, PartitionId, Scope};
-use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Store};
+use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Source, Store};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
@@ -47,6 +47,14 @@ pub const NODE_HEADER: &str = "palisade-node";
 pub const SCOPE_HEADER: &str = "palisade-scope";
 /// Holder of a `grant` record.
 pub const HOLDER_HEADER: &str = "palisade-holder";
+/// A forwarded record: the partition it was produced to (its origin).
+pub const ORIGIN_PARTITION_HEADER: &str = "palisade-origin-partition";
+/// A forwarded record: its offset in the origin partition.
+pub const ORIGIN_OFFSET_HEADER: &str = "palisade-origin-offset";
+/// A forwarded record: the origin offset of the record of the same origin
+/// partition forwarded to the same partition just before it (absent for
+/// the first).
+pub const ORIGIN_PREV_HEADER: &str = "palisade-origin-prev";
 
 /// A boxed, sendable future (the trait is used as `dyn Ownership`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -122,7 +130,7 @@ impl ConsumerContext for ClusterContext {
                     // replays the whole partition.
                     let resume = self
                         .store
-                        .source_offset(PartitionId(*p))
+                        .source_offset(&Source::new(self.topic.as_str(), *p))
                         .ok()
                         .flatten()
                         .map_or(Offset::Beginning, |o| {
@@ -282,7 +290,7 @@ impl ClusterIngester {
                     )),
                     _ => None,
                 };
-                let record = control.is_none().then(|| to_record(&msg, store.partitions(), cfg.max_value_bytes));
+                let record = control.is_none().then(|| to_record(&msg, Some(store.partitions()), cfg.max_value_bytes));
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
                 let token = match ownership.admit(p).await {
@@ -345,7 +353,7 @@ impl ClusterIngester {
                             });
                             info!(partition = p, offset = o, owner_token = t, fence, "cluster: late write of a former owner refused");
                         }
-                        let outcome = store.enqueue_ingest(PartitionId(p), o, record).await?;
+                        let outcome = store.enqueue_ingest(&Source::new(cfg.topic.as_str(), p), o, record).await?;
                         if tx.send(Done::Record { partition: p, offset: o, outcome }).await.is_err() {
                             return Ok(());
                         }
@@ -363,12 +371,7 @@ impl ClusterIngester {
 /// `palisade_kafka_records_total{outcome,partition}`, as the single-node
 /// ingester counts them.
 fn count(store: &Store, partition: u32, o: &IngestOutcome) {
-    let name = match o {
-        IngestOutcome::Applied(_) => "applied",
-        IngestOutcome::AlreadyApplied => "already_applied",
-        IngestOutcome::Dropped(_) => "dropped_stale",
-        IngestOutcome::DeadLettered { .. } => "dead_lettered",
-    };
+    let name = crate::ingester::OUTCOMES[crate::ingester::outcome_index(o)];
     store.metrics().add(
         "palisade_kafka_records_total",
         "Kafka records handled, by outcome.",

@@ -1,11 +1,12 @@
 //! Turning a Kafka record into an append, or into the reason it cannot be
 //! one. Pure: no client, no store, so it is unit-tested and fuzzed directly.
 //!
-//! The wire contract (`docs/kafka.md`): key = twin id (UTF-8); header
-//! `fencing-token` = decimal ASCII token; optional header `hlc` (uhlc text);
-//! header `content-type` = `application/x-protobuf` (default,
+//! The wire contract (`docs/kafka.md`): key = twin id (UTF-8); exactly one
+//! header `fencing-token` = decimal ASCII token; optional header `hlc` (uhlc
+//! text); header `content-type` = `application/x-protobuf` (default,
 //! `palisade.v1.TwinEvent`) or `application/json` (the HTTP body: one event
-//! or an array).
+//! or an array). The record may be in any partition of the topic (the store
+//! routes it by key) unless the ingester runs in strict mode.
 
 use palisade_core::json::parse_events;
 use palisade_core::{partition_for, FencingToken, Hlc, NewEvent, TwinId};
@@ -64,11 +65,28 @@ fn header<'a>(raw: &RawRecord<'a>, name: &str) -> Option<Option<&'a [u8]>> {
         .map(|(_, v)| *v)
 }
 
-/// Decode a record of a topic with `partitions` partitions. Records larger
-/// than `max_value_bytes` are refused before any parsing.
+/// Strict mode's rule: a record must be in its twin's murmur2 partition.
+pub fn check_partition(twin: &TwinId, partition: i32, partitions: u32) -> Result<(), Refusal> {
+    let expected = partition_for(twin, partitions);
+    if i64::from(expected.0) == i64::from(partition) {
+        return Ok(());
+    }
+    Err(refuse(
+        "wrong_partition",
+        format!(
+            "twin {twin:?} belongs to partition {expected} (murmur2, as Kafka's Java client) but the record is in partition {partition}; strict partitioning is on (--kafka-strict-partitioning): produce with partitioner=murmur2_random, or turn it off to have records routed by key"
+        ),
+    ))
+}
+
+/// Decode a record. Records larger than `max_value_bytes` are refused
+/// before any parsing. With `strict_partitions` (strict mode: a topic of
+/// that many partitions, each feeding the store partition of the same
+/// number), a record outside its twin's murmur2 partition is refused
+/// (`wrong_partition`); without it, a record may arrive in any partition.
 pub fn decode(
     raw: &RawRecord<'_>,
-    partitions: u32,
+    strict_partitions: Option<u32>,
     max_value_bytes: usize,
 ) -> Result<Decoded, Refusal> {
     let key = raw.key.filter(|k| !k.is_empty()).ok_or_else(|| {
@@ -80,14 +98,20 @@ pub fn decode(
     let key =
         std::str::from_utf8(key).map_err(|_| refuse("bad_key", "the record key is not UTF-8"))?;
     let twin = TwinId::new(key).map_err(|e| refuse("bad_key", e.to_string()))?;
-    let expected = partition_for(&twin, partitions);
-    if i64::from(expected.0) != i64::from(raw.partition) {
+    if let Some(partitions) = strict_partitions {
+        check_partition(&twin, raw.partition, partitions)?;
+    }
+    let tokens = raw
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(TOKEN_HEADER))
+        .count();
+    if tokens > 1 {
+        // Which one the writer meant is a guess either way (HTTP refuses
+        // two Fencing-Token headers too); a producer bug, not a stale write.
         return Err(refuse(
-            "wrong_partition",
-            format!(
-                "twin {twin:?} belongs to partition {expected} (murmur2, as Kafka's Java client) but the record is in partition {}; produce with partitioner=murmur2_random",
-                raw.partition
-            ),
+            "bad_token",
+            format!("the record has {tokens} fencing-token headers; exactly one is allowed"),
         ));
     }
     let token = match header(raw, TOKEN_HEADER) {
@@ -244,7 +268,7 @@ mod tests {
         let k = key_in(1);
         let v = proto(r#"{"rpm":5}"#);
         let h = [("fencing-token", Some(&b"34"[..]))];
-        let d = decode(&raw(Some(k.as_bytes()), Some(&v), &h), N, 1 << 20).unwrap();
+        let d = decode(&raw(Some(k.as_bytes()), Some(&v), &h), Some(N), 1 << 20).unwrap();
         assert_eq!(d.token, FencingToken(34));
         assert_eq!(d.events[0].event_id, "e1");
         assert_eq!(d.events[0].patch["rpm"], 5);
@@ -255,7 +279,7 @@ mod tests {
             ("content-type", Some(&b"application/json"[..])),
             ("hlc", Some(&b"100/1"[..])),
         ];
-        let d = decode(&raw(Some(k.as_bytes()), Some(j), &h), N, 1 << 20).unwrap();
+        let d = decode(&raw(Some(k.as_bytes()), Some(j), &h), Some(N), 1 << 20).unwrap();
         assert_eq!(d.events.len(), 2);
         assert_eq!(
             d.events[1].event_id, "kafka-1-7-1",
@@ -272,7 +296,9 @@ mod tests {
         let tok = [("fencing-token", Some(&b"3"[..]))];
         let reason =
             |key: Option<&[u8]>, value: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)]| {
-                decode(&raw(key, value, headers), N, 64).unwrap_err().reason
+                decode(&raw(key, value, headers), Some(N), 64)
+                    .unwrap_err()
+                    .reason
             };
         assert_eq!(reason(None, Some(&v), &tok), "missing_key");
         assert_eq!(reason(Some(b""), Some(&v), &tok), "missing_key");
@@ -281,6 +307,21 @@ mod tests {
             reason(Some(other.as_bytes()), Some(&v), &tok),
             "wrong_partition"
         );
+        for two in [
+            [
+                ("fencing-token", Some(&b"3"[..])),
+                ("fencing-token", Some(&b"3"[..])),
+            ],
+            [
+                ("fencing-token", Some(&b"3"[..])),
+                ("Fencing-Token", Some(&b"4"[..])),
+            ],
+            [("fencing-token", None), ("fencing-token", Some(&b"4"[..]))],
+        ] {
+            let r = decode(&raw(Some(k.as_bytes()), Some(&v), &two), Some(N), 64).unwrap_err();
+            assert_eq!(r.reason, "bad_token");
+            assert!(r.detail.contains("2 fencing-token headers"), "{}", r.detail);
+        }
         assert_eq!(reason(Some(k.as_bytes()), Some(&v), &[]), "missing_token");
         assert_eq!(
             reason(Some(k.as_bytes()), Some(&v), &[("fencing-token", None)]),
@@ -333,6 +374,21 @@ mod tests {
         assert_eq!(reason(Some(k.as_bytes()), Some(&v), &hl), "bad_hlc");
     }
 
+    #[test]
+    fn without_strict_mode_any_partition_is_accepted() {
+        let other = key_in(2);
+        let v = proto(r#"{"a":1}"#);
+        let tok = [("fencing-token", Some(&b"3"[..]))];
+        // In partition 1, its murmur2 partition is 2: routed by key.
+        let d = decode(&raw(Some(other.as_bytes()), Some(&v), &tok), None, 1 << 20).unwrap();
+        assert_eq!(d.twin.as_str(), other);
+        let far = RawRecord {
+            partition: 977,
+            ..raw(Some(other.as_bytes()), Some(&v), &tok)
+        };
+        assert!(decode(&far, None, 1 << 20).is_ok(), "any partition number");
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_records_never_panic(
@@ -345,7 +401,7 @@ mod tests {
             if json {
                 headers.push(("content-type", Some(b"application/json")));
             }
-            let _ = decode(&RawRecord { partition: 0, offset: 0, key: key.as_deref(), value: value.as_deref(), headers: &headers }, N, 1 << 20);
+            let _ = decode(&RawRecord { partition: 0, offset: 0, key: key.as_deref(), value: value.as_deref(), headers: &headers }, Some(N), 1 << 20);
         }
     }
 }

@@ -2,8 +2,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_core::PartitionId;
-use palisade_log::{AppendError, IngestOutcome, IngestRecord, Store};
+use palisade_log::{AppendError, IngestOutcome, IngestRecord, Source, Store};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
@@ -31,6 +30,11 @@ pub struct IngestConfig {
     pub dead_letter_topic: Option<String>,
     /// Largest record value accepted; larger ones are dead-lettered.
     pub max_value_bytes: usize,
+    /// Strict mode: the topic must have as many partitions as the store,
+    /// and a record outside its twin's murmur2 partition is dead-lettered
+    /// (`wrong_partition`) instead of routed by key. Off by default: any
+    /// producer's partitioner, and any partition count, work.
+    pub strict_partitioning: bool,
     /// Extra librdkafka settings passed through (TLS, SASL, timeouts).
     pub client_settings: Vec<(String, String)>,
     /// How long to wait for the topic to appear before giving up.
@@ -49,6 +53,7 @@ impl IngestConfig {
             group: "palisade".into(),
             dead_letter_topic: None,
             max_value_bytes: 1 << 20,
+            strict_partitioning: false,
             client_settings: Vec::new(),
             topic_wait: Duration::from_secs(60),
             auth: None,
@@ -60,7 +65,7 @@ impl IngestConfig {
 pub enum KafkaIngestError {
     #[error("kafka client error: {0}")]
     Kafka(#[from] KafkaError),
-    #[error("topic {topic} has {topic_partitions} partitions but the store has {store_partitions}; they must be equal (Kafka partition p feeds Palisade partition p)")]
+    #[error("topic {topic} has {topic_partitions} partitions but the store has {store_partitions}; they must be equal in strict partitioning mode (--kafka-strict-partitioning, where Kafka partition p feeds Palisade partition p) and in cluster mode (a partition is the unit of ownership)")]
     PartitionMismatch {
         topic: String,
         topic_partitions: usize,
@@ -77,7 +82,16 @@ pub enum KafkaIngestError {
 /// lead) what the store applied, the stored one cannot.
 struct IngestContext {
     store: Arc<Store>,
-    topic: String,
+    topic: Arc<str>,
+}
+
+impl IngestContext {
+    fn source(&self, partition: u32) -> Source {
+        Source {
+            topic: self.topic.clone(),
+            partition,
+        }
+    }
 }
 
 impl ClientContext for IngestContext {}
@@ -103,7 +117,7 @@ impl ConsumerContext for IngestContext {
                 for p in &parts {
                     let resume = u32::try_from(*p)
                         .ok()
-                        .and_then(|p| self.store.source_offset(PartitionId(p)).ok().flatten())
+                        .and_then(|p| self.store.source_offset(&self.source(p)).ok().flatten())
                         .map_or(Offset::Beginning, |o| {
                             Offset::Offset(i64::try_from(o).unwrap_or(i64::MAX - 1) + 1)
                         });
@@ -212,9 +226,20 @@ impl Ingester {
         for (k, v) in &cfg.client_settings {
             cc.set(k, v);
         }
+        // Offsets of a store migrated from layout 2 were kept per partition
+        // without their topic: this topic takes them (once), before any
+        // assignment reads them.
+        let claimed = store.claim_legacy_offsets(&cfg.topic).await?;
+        if claimed > 0 {
+            info!(
+                partitions = claimed,
+                "resuming from the offsets of the store's previous layout"
+            );
+        }
+        let topic: Arc<str> = cfg.topic.as_str().into();
         let consumer: Arc<Consumer_> = Arc::new(cc.create_with_context(IngestContext {
             store: store.clone(),
-            topic: cfg.topic.clone(),
+            topic: topic.clone(),
         })?);
         check_topic(&consumer, &store, cfg).await?;
         consumer.subscribe(&[&cfg.topic])?;
@@ -258,14 +283,8 @@ impl Ingester {
                 let mut fetched: Vec<Fetched> = Vec::new();
                 let mut forward = Vec::new();
                 let mut taken = 1;
-                take(
-                    &msg,
-                    store.partitions(),
-                    cfg,
-                    dlq.is_some(),
-                    &mut fetched,
-                    &mut forward,
-                );
+                let strict = cfg.strict_partitioning.then(|| store.partitions());
+                take(&msg, strict, cfg, dlq.is_some(), &mut fetched, &mut forward);
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
                 while taken < FETCH_MAX {
@@ -277,14 +296,7 @@ impl Ingester {
                     match ready {
                         std::task::Poll::Ready(m) => {
                             let m = m?;
-                            take(
-                                &m,
-                                store.partitions(),
-                                cfg,
-                                dlq.is_some(),
-                                &mut fetched,
-                                &mut forward,
-                            );
+                            take(&m, strict, cfg, dlq.is_some(), &mut fetched, &mut forward);
                             taken += 1;
                         }
                         std::task::Poll::Pending => break,
@@ -299,9 +311,11 @@ impl Ingester {
                     let Ok(p) = u32::try_from(f.partition) else {
                         continue;
                     };
-                    let outcomes = store
-                        .enqueue_ingest_batch(PartitionId(p), f.records)
-                        .await?;
+                    let source = Source {
+                        topic: topic.clone(),
+                        partition: p,
+                    };
+                    let outcomes = store.enqueue_ingest_batch(&source, f.records).await?;
                     if tx
                         .send(Pending {
                             partition: f.partition,
@@ -341,7 +355,9 @@ async fn check_topic(
                 t.name() == cfg.topic && t.error().is_none() && !t.partitions().is_empty()
             }) {
                 let n = t.partitions().len();
-                if n != store.partitions() as usize {
+                // Records are routed by key, so any count works, except in
+                // strict mode, where partition p feeds partition p.
+                if cfg.strict_partitioning && n != store.partitions() as usize {
                     return Err(KafkaIngestError::PartitionMismatch {
                         topic: cfg.topic.clone(),
                         topic_partitions: n,
@@ -368,7 +384,7 @@ async fn check_topic(
 /// queue a dead-letter-topic copy of an undecodable one (`forward`).
 fn take(
     msg: &BorrowedMessage<'_>,
-    partitions: u32,
+    strict_partitions: Option<u32>,
     cfg: &IngestConfig,
     with_dlq: bool,
     fetched: &mut Vec<Fetched>,
@@ -386,8 +402,14 @@ fn take(
         );
         return;
     }
-    let record =
-        crate::sign::check_record(to_record(msg, partitions, cfg.max_value_bytes), msg, cfg);
+    let record = match forwarded_by_a_cluster(msg) {
+        Some(dead) => dead,
+        None => crate::sign::check_record(
+            to_record(msg, strict_partitions, cfg.max_value_bytes),
+            msg,
+            cfg,
+        ),
+    };
     let copy = match (&record, with_dlq) {
         (IngestRecord::Dead(dl), true) => {
             forward.push((DeadCopy::of(msg), dl.reason.clone()));
@@ -412,6 +434,27 @@ fn take(
     f.last_offset = offset;
     f.records.push((o, record));
     f.copies.push(copy);
+}
+
+/// A copy a cluster node forwarded to its twin's partition (it carries the
+/// `palisade-origin-*` headers, `docs/kafka.md`): a single-node store
+/// applies the original from its own partition, so the copy is
+/// dead-lettered, as control records are (they have no key).
+fn forwarded_by_a_cluster(msg: &BorrowedMessage<'_>) -> Option<IngestRecord> {
+    let headers = crate::message::headers_of(msg);
+    let origin = headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case(crate::cluster::ORIGIN_PARTITION_HEADER));
+    origin.then(|| {
+        crate::message::dead_letter(
+            msg,
+            &headers,
+            crate::decode::Refusal {
+                reason: "forwarded_record",
+                detail: "a copy a cluster node forwarded to its twin's partition; this single-node store applies the original record from the partition it was produced to".into(),
+            },
+        )
+    })
 }
 
 /// An owned copy of a record, forwarded to the dead-letter topic if it is
@@ -490,7 +533,7 @@ async fn acknowledge(
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => return Err(AppendError::Closed.into()),
         };
-        let mut counts = [0u64; 4];
+        let mut counts = [0u64; OUTCOMES.len()];
         for (outcome, copy) in outcomes.iter().zip(p.copies) {
             // Refused by the writer (not at decoding): forward it now.
             if let (IngestOutcome::DeadLettered { reason }, Some(copy), Some((producer, topic))) =
@@ -498,21 +541,10 @@ async fn acknowledge(
             {
                 copy.send(reason, producer, topic).await;
             }
-            counts[match outcome {
-                IngestOutcome::Applied(_) => 0,
-                IngestOutcome::AlreadyApplied => 1,
-                IngestOutcome::Dropped(_) => 2,
-                IngestOutcome::DeadLettered { .. } => 3,
-            }] += 1;
+            counts[outcome_index(outcome)] += 1;
         }
         let part = p.partition.to_string();
-        let names = [
-            "applied",
-            "already_applied",
-            "dropped_stale",
-            "dead_lettered",
-        ];
-        for (name, n) in names.into_iter().zip(counts) {
+        for (name, n) in OUTCOMES.into_iter().zip(counts) {
             if n > 0 {
                 store.metrics().add(
                     "palisade_kafka_records_total",
@@ -529,6 +561,30 @@ async fn acknowledge(
         }
     }
     Ok(())
+}
+
+/// `outcome` label values of `palisade_kafka_records_total`, by
+/// [`outcome_index`].
+pub(crate) const OUTCOMES: [&str; 7] = [
+    "applied",
+    "already_applied",
+    "dropped_stale",
+    "dead_lettered",
+    "forwarded",
+    "duplicate",
+    "out_of_order",
+];
+
+pub(crate) fn outcome_index(o: &IngestOutcome) -> usize {
+    match o {
+        IngestOutcome::Applied(_) => 0,
+        IngestOutcome::AlreadyApplied => 1,
+        IngestOutcome::Dropped(_) => 2,
+        IngestOutcome::DeadLettered { .. } => 3,
+        IngestOutcome::Forwarded { .. } => 4,
+        IngestOutcome::Duplicate { .. } => 5,
+        IngestOutcome::OutOfOrder { .. } => 6,
+    }
 }
 
 /// Lag per assigned partition: high watermark minus the next offset to apply.
@@ -559,7 +615,12 @@ async fn report_lag(consumer: Arc<Consumer_>, store: Arc<Store>, topic: String) 
             };
             let next = u32::try_from(p)
                 .ok()
-                .and_then(|p| store.source_offset(PartitionId(p)).ok().flatten())
+                .and_then(|p| {
+                    store
+                        .source_offset(&Source::new(topic.as_str(), p))
+                        .ok()
+                        .flatten()
+                })
                 .map_or(0, |o| o.saturating_add(1));
             #[allow(clippy::cast_precision_loss)]
             let lag = (high.max(0) as u64).saturating_sub(next) as f64;

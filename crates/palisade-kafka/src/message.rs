@@ -34,14 +34,15 @@ pub(crate) fn raw_of<'m>(
     }
 }
 
-/// Decode `msg` into an append, or a dead letter saying why not.
+/// Decode `msg` into an append, or a dead letter saying why not
+/// (`strict_partitions`: see [`decode`]).
 pub(crate) fn to_record(
     msg: &BorrowedMessage<'_>,
-    partitions: u32,
+    strict_partitions: Option<u32>,
     max_value_bytes: usize,
 ) -> IngestRecord {
     let headers = headers_of(msg);
-    match decode(&raw_of(msg, &headers), partitions, max_value_bytes) {
+    match decode(&raw_of(msg, &headers), strict_partitions, max_value_bytes) {
         Ok(d) => IngestRecord::Append {
             twin: d.twin,
             token: d.token,

@@ -179,6 +179,7 @@ pub(crate) struct Trees {
     pub audit: sled::Tree,
     pub token_owners: sled::Tree,
     pub cluster: sled::Tree,
+    pub ingest: sled::Tree,
 }
 
 impl Trees {
@@ -189,6 +190,7 @@ impl Trees {
             TreeId::AUDIT => Some(&self.audit),
             TreeId::TOKEN_OWNERS => Some(&self.token_owners),
             TreeId::CLUSTER => Some(&self.cluster),
+            TreeId::INGEST => Some(&self.ingest),
             TreeId(p) => self.partitions.get(p as usize),
         }
     }

@@ -1,10 +1,13 @@
-//! What the log offers a stream ingester (the Kafka consumer): appends that
-//! carry their source offset, stored in the same atomic batch as the events
-//! they produce, so a crash or a redelivery applies each record exactly once;
-//! a durable dead-letter store; and a bounded log of recent rejections.
+//! What the log offers a stream ingester (the Kafka consumer): records of a
+//! source partition (a Kafka topic's partition), each applied to the store
+//! partition that owns its twin, whatever source partition it came from,
+//! with the source offset stored in the same commit round as what the
+//! record produced, so a crash or a redelivery applies each record exactly
+//! once; a durable dead-letter store; and a bounded log of recent
+//! rejections.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bincode::{Decode, Encode};
 use palisade_core::{FencingToken, NewEvent, PartitionId, TwinId};
@@ -18,34 +21,108 @@ pub const DEAD_LETTERS_PER_PARTITION: u64 = 10_000;
 /// Bytes of a dead record's value kept for inspection.
 pub const DEAD_LETTER_VALUE_BYTES: usize = 4096;
 
+/// A partition of a Kafka topic the store ingests: what source offsets are
+/// kept per (`docs/on-disk-format.md`, tree `ingest`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Source {
+    pub topic: Arc<str>,
+    pub partition: u32,
+}
+
+impl Source {
+    pub fn new(topic: impl Into<Arc<str>>, partition: u32) -> Self {
+        Self {
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.topic, self.partition)
+    }
+}
+
+/// Cluster mode: where a forwarded record came from. Another node read it
+/// at `offset` of source partition `partition` (of the same topic), found
+/// its twin belongs to another partition and produced a copy there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    pub partition: u32,
+    pub offset: u64,
+    /// The origin offset of the record of the same origin partition
+    /// forwarded to the same partition just before this one (`None`: the
+    /// first). The receiver applies a forward only if this is the last one
+    /// it decided, so a forward that overtook an earlier, lost one (a
+    /// producer gap) is set aside until the forwarder sends both again.
+    pub prev: Option<u64>,
+}
+
 /// One record of a source partition, already decoded (or not decodable).
 #[derive(Debug, Clone)]
 pub enum IngestRecord {
-    /// Events for one twin under one token, checked like an HTTP append.
+    /// Events for one twin under one token, checked like an HTTP append,
+    /// and applied to the twin's partition (`murmur2(twin) mod N`),
+    /// whichever source partition the record came from.
     Append {
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
     },
     /// A record that could not be turned into an append (no key, no token,
-    /// undecodable value, wrong partition, too large ...).
+    /// undecodable value, too large ...).
     Dead(DeadLetter),
+    /// Cluster mode, receiving side: a record forwarded here from `origin`
+    /// (an `Append` or a `Dead`). Applied once: a forward at or below the
+    /// last one decided from its origin partition is a retry.
+    Relayed {
+        origin: Origin,
+        record: Box<IngestRecord>,
+    },
+    /// Cluster mode, forwarding side: this record's twin belongs to store
+    /// partition `to`, and a copy of it is durably in Kafka partition `to`
+    /// (at `at`). Nothing is applied here; the offset advances and the
+    /// forward chain to `to` records this offset.
+    Forwarded { to: u32, at: u64 },
 }
 
 /// What became of an ingested record. Every outcome but `AlreadyApplied`
-/// advanced the stored source offset in the same batch.
+/// advanced the stored source offset in the same round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IngestOutcome {
     Applied(Appended),
     /// The offset is at or below the stored one: applied before (a
     /// redelivery after a crash or rebalance). Nothing was done.
     AlreadyApplied,
+    /// Cluster mode: a forwarded record whose origin offset is at or below
+    /// the last one decided from its origin partition (a forwarder's retry
+    /// after a crash, or a rebuilt node forwarding again). Not applied.
+    Duplicate {
+        origin: u32,
+        offset: u64,
+    },
     /// Below its twin's fence (or otherwise refused as stale): dropped,
     /// counted and logged in the rejection log, never applied.
     Dropped(AppendError),
     /// Refused for a reason other than staleness: stored as a dead letter.
     DeadLettered {
         reason: String,
+    },
+    /// Cluster mode: handed on to partition `to` (see
+    /// [`IngestRecord::Forwarded`]).
+    Forwarded {
+        to: u32,
+        at: u64,
+    },
+    /// Cluster mode: a forwarded record that overtook an earlier forward of
+    /// its origin partition (`expected` is the last one decided, `prev` the
+    /// one this record follows). Not applied: its forwarder saw the earlier
+    /// one fail and sends both again.
+    OutOfOrder {
+        origin: u32,
+        expected: Option<u64>,
+        prev: Option<u64>,
     },
 }
 
@@ -68,16 +145,25 @@ pub struct DeadLetter {
     pub at_ms: u64,
 }
 
-/// A refused write, for the operator's view.
+/// A refused write, for the operator's view: enough to find the record
+/// (source partition and offset) and reconcile what a paused writer tried
+/// to do (twin, event ids).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     pub at_ms: u64,
     /// `http` or `kafka`.
     pub source: &'static str,
+    /// The store partition of the twin.
     pub partition: PartitionId,
+    /// Kafka: the partition the record was read from (it may differ from
+    /// `partition`: records are routed by key).
+    pub source_partition: Option<u32>,
+    /// Kafka: the record's offset in `source_partition`.
     pub offset: Option<u64>,
     pub twin: TwinId,
     pub token: FencingToken,
+    /// The ids of the refused events, in order.
+    pub event_ids: Vec<String>,
     pub reason: &'static str,
     pub detail: String,
 }

@@ -8,9 +8,16 @@ use palisade_core::TwinId;
 
 /// The store's on-disk layout version, kept in `meta/format`. Layout 2
 /// stores events in batches and has no durable dedupe keys
-/// (`docs/decisions/0013-event-batches.md`); value encodings did not change,
-/// so every value still starts with `codec::FORMAT_VERSION` (1).
-pub const LAYOUT_VERSION: u8 = 2;
+/// (`docs/decisions/0013-event-batches.md`). Layout 3 moves what belongs to
+/// a Kafka source partition (its offset, its dead letters) out of the
+/// partition trees into the `ingest` tree, keyed by source partition, since
+/// a record may now be applied to any store partition
+/// (`docs/decisions/0018-ingest-any-partition.md`); a layout-2 store is
+/// migrated on open (`migrate.rs`). Value encodings did not change, so every
+/// value still starts with `codec::FORMAT_VERSION` (1).
+pub const LAYOUT_VERSION: u8 = 3;
+/// The layout this build migrates from on open.
+pub const PREVIOUS_LAYOUT_VERSION: u8 = 2;
 
 /// `0x01 ++ first_seq` -> `EventBatch`: consecutive events of one twin.
 pub(crate) const EVENT: u8 = 0x01;
@@ -29,17 +36,98 @@ pub(crate) const GRANT: u8 = 0x06;
 /// `0x07` -> `PartitionMeta` (partition fence, head sequence).
 pub(crate) const META: u8 = 0x07;
 
-/// `0x08` -> u64 BE: the last Kafka offset applied to this partition
-/// (Kafka partition p feeds Palisade partition p).
-pub(crate) const SOURCE_OFFSET: [u8; 1] = [0x08];
-/// `0x09 ++ offset` -> `DeadLetter`: a Kafka record that could not be applied.
-pub(crate) const DEAD_LETTER: u8 = 0x09;
+/// Layout 2 only: `0x08` -> u64 BE, the last Kafka offset applied to this
+/// partition (Kafka partition p fed Palisade partition p). Moved to the
+/// `ingest` tree by the layout-3 migration.
+pub(crate) const LEGACY_SOURCE_OFFSET: [u8; 1] = [0x08];
+/// Layout 2 only: `0x09 ++ offset` -> `DeadLetter`. Moved to the `ingest`
+/// tree by the layout-3 migration.
+pub(crate) const LEGACY_DEAD_LETTER: u8 = 0x09;
 
-pub(crate) fn dead_letter(offset: u64) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[0] = DEAD_LETTER;
-    k[1..].copy_from_slice(&offset.to_be_bytes());
-    k
+/// Keys of the `ingest` tree (layout 3): everything the store keeps about
+/// its Kafka sources, keyed by source (topic, partition), not by the store
+/// partition a record was applied to.
+pub(crate) mod ingest {
+    /// `0x00 ++ partition:u32` -> u64 BE: an offset migrated from layout 2,
+    /// whose topic was never recorded; the first ingester to start claims it
+    /// for its topic (`Store::claim_legacy_offsets`).
+    pub const LEGACY_OFFSET: u8 = 0x00;
+    /// `0x01 ++ topic ++ partition:u32` -> u64 BE: the last offset of that
+    /// source partition handled (applied, dropped, dead-lettered, forwarded).
+    pub const OFFSET: u8 = 0x01;
+    /// `0x02 ++ partition:u32 ++ offset:u64` -> `DeadLetter`.
+    pub const DEAD_LETTER: u8 = 0x02;
+    /// Cluster mode, forwarding side: `0x03 ++ topic ++ from:u32 ++ to:u32`
+    /// -> u64 BE, the origin offset of the last record of partition `from`
+    /// forwarded to partition `to` (the `prev` of the next one).
+    pub const CHAIN: u8 = 0x03;
+    /// Cluster mode, receiving side: `0x04 ++ topic ++ at:u32 ++ origin:u32`
+    /// -> u64 BE, the origin offset of the last record forwarded from
+    /// partition `origin` that partition `at` decided.
+    pub const RELAY: u8 = 0x04;
+
+    fn topic_prefixed(kind: u8, topic: &str, extra: usize) -> Vec<u8> {
+        let t = topic.as_bytes();
+        let mut k = Vec::with_capacity(3 + t.len() + extra);
+        k.push(kind);
+        // Kafka topic names are at most 249 bytes.
+        let len = u16::try_from(t.len()).unwrap_or(u16::MAX);
+        k.extend_from_slice(&len.to_be_bytes());
+        k.extend_from_slice(t);
+        k
+    }
+
+    pub fn legacy_offset(partition: u32) -> [u8; 5] {
+        let mut k = [0u8; 5];
+        k[0] = LEGACY_OFFSET;
+        k[1..].copy_from_slice(&partition.to_be_bytes());
+        k
+    }
+
+    pub fn offset(topic: &str, partition: u32) -> Vec<u8> {
+        let mut k = topic_prefixed(OFFSET, topic, 4);
+        k.extend_from_slice(&partition.to_be_bytes());
+        k
+    }
+
+    pub fn dead_letter(partition: u32, offset: u64) -> [u8; 13] {
+        let mut k = [0u8; 13];
+        k[0] = DEAD_LETTER;
+        k[1..5].copy_from_slice(&partition.to_be_bytes());
+        k[5..].copy_from_slice(&offset.to_be_bytes());
+        k
+    }
+
+    /// `(kind, topic, a, b)` keys: chains and relays.
+    pub fn pair(kind: u8, topic: &str, a: u32, b: u32) -> Vec<u8> {
+        let mut k = topic_prefixed(kind, topic, 8);
+        k.extend_from_slice(&a.to_be_bytes());
+        k.extend_from_slice(&b.to_be_bytes());
+        k
+    }
+
+    /// The topic and trailing u32s of a topic-prefixed key of `kind`.
+    pub fn parse(kind: u8, k: &[u8], ints: usize) -> Option<(String, Vec<u32>)> {
+        if k.first() != Some(&kind) {
+            return None;
+        }
+        let len = usize::from(u16::from_be_bytes(k.get(1..3)?.try_into().ok()?));
+        let topic = std::str::from_utf8(k.get(3..3 + len)?).ok()?.to_owned();
+        let rest = k.get(3 + len..)?;
+        if rest.len() != 4 * ints {
+            return None;
+        }
+        let nums = rest
+            .chunks_exact(4)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Some((topic, nums))
+    }
+
+    /// A u64 BE value (offsets, chains, relays).
+    pub fn u64_value(v: &[u8]) -> Option<u64> {
+        Some(u64::from_be_bytes(v.try_into().ok()?))
+    }
 }
 
 pub(crate) fn event(seq: u64) -> [u8; 9] {
@@ -124,6 +212,29 @@ mod tests {
             [&[3u8, 0, 2, b'a', b'b'][..], &0x0102u64.to_be_bytes()].concat()
         );
         assert_eq!(trailing_seq(&history(&ab, 77)), Some(77));
+    }
+
+    #[test]
+    fn ingest_keys_are_as_documented() {
+        // docs/on-disk-format.md, tree `ingest`.
+        assert_eq!(ingest::legacy_offset(3), [0, 0, 0, 0, 3]);
+        assert_eq!(ingest::offset("tw", 2), [1, 0, 2, b't', b'w', 0, 0, 0, 2]);
+        assert_eq!(
+            ingest::dead_letter(1, 0x0102),
+            [2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 2]
+        );
+        let chain = ingest::pair(ingest::CHAIN, "t", 5, 7);
+        assert_eq!(chain, [3, 0, 1, b't', 0, 0, 0, 5, 0, 0, 0, 7]);
+        assert_eq!(
+            ingest::parse(ingest::CHAIN, &chain, 2),
+            Some(("t".to_owned(), vec![5, 7]))
+        );
+        assert_eq!(ingest::parse(ingest::RELAY, &chain, 2), None);
+        assert_eq!(ingest::parse(ingest::CHAIN, &chain, 1), None);
+        // Dead letters of one partition sort by offset, and before the next
+        // partition's.
+        assert!(ingest::dead_letter(1, 255) < ingest::dead_letter(1, 256));
+        assert!(ingest::dead_letter(1, u64::MAX) < ingest::dead_letter(2, 0));
     }
 
     #[test]

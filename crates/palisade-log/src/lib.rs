@@ -55,8 +55,10 @@ pub mod fence;
 mod ingest;
 mod keys;
 mod metrics;
+mod migrate;
 mod read;
 mod records;
+mod sources;
 mod store;
 mod wal;
 mod writer;
@@ -68,7 +70,7 @@ pub use cluster::{AppendRoute, BackendError};
 pub use commit::{CommitHooks, RecoverError, StorageFailure};
 pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
 pub use ingest::{
-    DeadLetter, IngestOutcome, IngestRecord, Rejection, DEAD_LETTERS_PER_PARTITION,
+    DeadLetter, IngestOutcome, IngestRecord, Origin, Rejection, Source, DEAD_LETTERS_PER_PARTITION,
     DEAD_LETTER_VALUE_BYTES, REJECTION_LOG_LEN,
 };
 pub use metrics::Metrics;

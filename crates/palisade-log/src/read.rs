@@ -373,7 +373,7 @@ impl Store {
     /// [`Store::dead_letters`] on tokio's blocking pool.
     pub async fn dead_letters_async(
         self: &Arc<Self>,
-        partition: Option<PartitionId>,
+        partition: Option<u32>,
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<crate::DeadLetter>, ReadError> {

@@ -12,7 +12,8 @@ use tracing::{info, instrument, warn};
 use crate::cache::ReadCache;
 use crate::commit::{CommitConfig, CommitHooks, CommitShared, Committer, Health, Trees};
 use crate::error::{AppendError, LeaseOpError, OpenError};
-use crate::ingest::{DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog};
+use crate::ingest::{DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog, Source};
+use crate::sources::Sources;
 use crate::wal::Wal;
 use crate::writer::{AppendReq, Command, Partition, Sequencer, Shared};
 use crate::{Appended, Metrics, StorageFailure};
@@ -93,6 +94,8 @@ pub struct Store {
 }
 
 const FORMAT_KEY: &[u8] = b"format";
+/// Tree of everything kept per Kafka source partition (layout 3).
+const INGEST_TREE: &str = "ingest";
 const PARTITIONS_KEY: &[u8] = b"partitions";
 /// The write-ahead log's folder inside the data folder.
 pub(crate) const WAL_DIR: &str = "wal";
@@ -124,19 +127,25 @@ impl Store {
             .open()
             .map_err(sled_err)?;
         let meta = db.open_tree("meta").map_err(sled_err)?;
+        // The layout found: this build's, or the one it migrates from once
+        // the log is replayed (below).
+        let mut found_layout = crate::keys::LAYOUT_VERSION;
         let partitions = match (
             meta.get(PARTITIONS_KEY).map_err(sled_err)?,
             meta.get(FORMAT_KEY).map_err(sled_err)?,
         ) {
             (Some(n), Some(f)) => {
                 let found = f.first().copied().unwrap_or(0);
-                if found != crate::keys::LAYOUT_VERSION {
+                if found != crate::keys::LAYOUT_VERSION
+                    && found != crate::keys::PREVIOUS_LAYOUT_VERSION
+                {
                     return Err(OpenError::Format {
                         path: shown,
                         found,
                         supported: crate::keys::LAYOUT_VERSION,
                     });
                 }
+                found_layout = found;
                 let stored = <[u8; 4]>::try_from(n.as_ref())
                     .map(u32::from_be_bytes)
                     .map_err(|_| OpenError::Damaged {
@@ -188,9 +197,17 @@ impl Store {
             cluster: db
                 .open_tree(crate::cluster::CLUSTER_TREE)
                 .map_err(sled_err)?,
+            ingest: db.open_tree(INGEST_TREE).map_err(sled_err)?,
         };
         let wal_dir = path.join(WAL_DIR);
+        // The log of a layout-2 store holds layout-2 ops: replay it first.
         let (next_round, _replayed) = crate::commit::recover(&db, path, &wal_dir, &trees)?;
+        if found_layout == crate::keys::PREVIOUS_LAYOUT_VERSION {
+            crate::migrate::from_layout_2(&db, path, &trees, FORMAT_KEY)?;
+        } else {
+            crate::migrate::sweep(&trees, path)?;
+        }
+        let sources = Sources::load(&trees.ingest)?;
 
         let authority = LeaseAuthority::open(trees.leases.clone(), crate::ingest::now_ms())?;
         let last_token = Arc::new(AtomicU64::new(authority.last_token().0));
@@ -241,6 +258,7 @@ impl Store {
         let (tx, rx) = mpsc::channel();
         let sequencer = Sequencer::new(
             parts,
+            sources,
             authority.clone(),
             shared,
             sync_tx,
@@ -470,6 +488,9 @@ impl Store {
         let p = self.partition_of(&twin);
         tracing::Span::current().record("partition", p.0);
         let twin_for_error = twin.clone();
+        // Named in the rejection log if the token turns out not to be
+        // issued for this partition (refined below, after the reply).
+        let event_ids: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
         let (reply, rx) = oneshot::channel();
         let started = Instant::now();
         self.send(Command::Append {
@@ -512,9 +533,11 @@ impl Store {
                     at_ms: crate::ingest::now_ms(),
                     source: "http",
                     partition: p,
+                    source_partition: None,
                     offset: None,
                     twin: twin_for_error,
                     token,
+                    event_ids,
                     reason: e.reason(),
                     detail: e.to_string(),
                 });
@@ -524,28 +547,23 @@ impl Store {
         }
     }
 
-    /// Queue a source record of partition `partition` at `offset` and return
-    /// the receiver of its outcome. Records queued for one partition are
-    /// handled in the order they are queued, so a consumer can queue a whole
-    /// fetch and await the outcomes afterwards (they share group commits).
-    /// An error from the receiver means the record was not applied and its
-    /// offset not stored: the consumer must stop and resume from the stored
-    /// offset.
+    /// Queue a record of source partition `source` at `offset` and return
+    /// the receiver of its outcome. The record is applied to its twin's
+    /// partition, whichever source partition it comes from. Records queued
+    /// for one source are handled in the order they are queued, so a
+    /// consumer can queue a whole fetch and await the outcomes afterwards
+    /// (they share group commits). An error from the receiver means the
+    /// record was not applied and its offset not stored: the consumer must
+    /// stop and resume from the stored offset.
     pub async fn enqueue_ingest(
         &self,
-        partition: PartitionId,
+        source: &Source,
         offset: u64,
         record: IngestRecord,
     ) -> Result<oneshot::Receiver<Result<IngestOutcome, AppendError>>, AppendError> {
-        if partition.0 >= self.partitions {
-            return Err(AppendError::BadEvent(format!(
-                "source partition {partition} does not exist; the store has {} partitions",
-                self.partitions
-            )));
-        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::Ingest {
-            partition,
+            source: source.clone(),
             offset,
             record,
             reply,
@@ -554,25 +572,19 @@ impl Store {
         Ok(rx)
     }
 
-    /// Queue many source records of one partition, in offset order, as one
-    /// command: the writer handles them in order in one group commit and
+    /// Queue many records of one source partition, in offset order, as one
+    /// command: the sequencer handles them in order in one group commit and
     /// answers once with every outcome (one channel message and one reply
     /// per fetch instead of per record). If a record fails, the ones after
     /// it in the batch are not applied and the reply is that error.
     pub async fn enqueue_ingest_batch(
         &self,
-        partition: PartitionId,
+        source: &Source,
         records: Vec<(u64, IngestRecord)>,
     ) -> Result<oneshot::Receiver<Result<Vec<IngestOutcome>, AppendError>>, AppendError> {
-        if partition.0 >= self.partitions {
-            return Err(AppendError::BadEvent(format!(
-                "source partition {partition} does not exist; the store has {} partitions",
-                self.partitions
-            )));
-        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::IngestBatch {
-            partition,
+            source: source.clone(),
             records,
             reply,
         })
@@ -580,46 +592,83 @@ impl Store {
         Ok(rx)
     }
 
-    /// The last source offset applied to `partition`, if any: where a
-    /// consumer resumes (at this plus one).
-    pub fn source_offset(&self, partition: PartitionId) -> Result<Option<u64>, crate::ReadError> {
-        let tree = self.trees.partitions.get(partition.0 as usize).ok_or(
-            crate::ReadError::UnknownPartition {
-                partition: partition.0,
-                partitions: self.partitions,
-            },
-        )?;
-        Ok(tree
-            .get(crate::keys::SOURCE_OFFSET)?
-            .and_then(|v| crate::keys::trailing_seq(&v)))
+    /// The last offset of `source` handled durably (applied, dropped,
+    /// dead-lettered or forwarded), if any: where a consumer resumes (at
+    /// this plus one).
+    pub fn source_offset(&self, source: &Source) -> Result<Option<u64>, crate::ReadError> {
+        let k = crate::keys::ingest::offset(&source.topic, source.partition);
+        Ok(self
+            .trees
+            .ingest
+            .get(&k)?
+            .and_then(|v| crate::keys::ingest::u64_value(&v)))
     }
 
-    /// Stored dead letters of one partition (or all), oldest first, with
-    /// offsets after `after`.
+    /// Cluster mode: for each partition records of `source` were forwarded
+    /// to, the origin offset of the last one (durably), where a forwarder
+    /// resuming at [`Store::source_offset`] + 1 continues each chain.
+    pub fn forward_chains(
+        &self,
+        source: &Source,
+    ) -> Result<std::collections::BTreeMap<u32, u64>, crate::ReadError> {
+        use crate::keys::ingest as k;
+        let mut prefix = k::pair(k::CHAIN, &source.topic, source.partition, 0);
+        prefix.truncate(prefix.len() - 4);
+        let mut out = std::collections::BTreeMap::new();
+        for kv in self.trees.ingest.scan_prefix(&prefix) {
+            let (key, v) = kv?;
+            if let (Some((_, ab)), Some(o)) = (k::parse(k::CHAIN, &key, 2), k::u64_value(&v)) {
+                out.insert(ab[1], o);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Give the Kafka offsets of a store migrated from layout 2 (kept by
+    /// partition, their topic never recorded) to `topic`: the consumer of
+    /// `topic` then resumes where the old store stopped. Durable before it
+    /// returns; a no-op once claimed. Returns how many were claimed.
+    pub async fn claim_legacy_offsets(&self, topic: &str) -> Result<usize, AppendError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::ClaimLegacy {
+            topic: topic.to_owned(),
+            reply,
+        })
+        .map_err(|_| AppendError::Closed)?;
+        rx.await.map_err(|_| AppendError::Closed)?
+    }
+
+    /// Stored dead letters of one Kafka source partition (or all), oldest
+    /// first (by source partition, then offset), with offsets after `after`.
     pub fn dead_letters(
         &self,
-        partition: Option<PartitionId>,
+        partition: Option<u32>,
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, crate::ReadError> {
+        use crate::keys::ingest::dead_letter;
+        let from = after.map_or(0, |a| a.saturating_add(1));
+        let range = match partition {
+            Some(p) => dead_letter(p, from)..=dead_letter(p, u64::MAX),
+            None => dead_letter(0, 0)..=dead_letter(u32::MAX, u64::MAX),
+        };
         let mut out = Vec::new();
-        for (i, tree) in self.trees.partitions.iter().enumerate() {
-            if partition.is_some_and(|p| p.0 as usize != i) {
+        for kv in self.trees.ingest.range(range) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv?;
+            // Across partitions, `after` applies within each of them.
+            let offset = k.get(5..13).and_then(crate::keys::ingest::u64_value);
+            if offset.is_some_and(|o| o < from) {
                 continue;
             }
-            let start = crate::keys::dead_letter(after.map_or(0, |a| a.saturating_add(1)));
-            for kv in tree.range(start..=crate::keys::dead_letter(u64::MAX)) {
-                if out.len() >= limit {
-                    return Ok(out);
-                }
-                let (k, v) = kv?;
-                out.push(
-                    codec::decode(&v).map_err(|source| crate::ReadError::Damaged {
-                        key: k.to_vec(),
-                        source,
-                    })?,
-                );
-            }
+            out.push(
+                codec::decode(&v).map_err(|source| crate::ReadError::Damaged {
+                    key: k.to_vec(),
+                    source,
+                })?,
+            );
         }
         Ok(out)
     }

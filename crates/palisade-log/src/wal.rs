@@ -60,6 +60,8 @@ impl TreeId {
     pub const AUDIT: TreeId = TreeId(0xFFFF_0002);
     pub const TOKEN_OWNERS: TreeId = TreeId(0xFFFF_0003);
     pub const CLUSTER: TreeId = TreeId(0xFFFF_0004);
+    /// Kafka sources: offsets, dead letters, forward chains (layout 3).
+    pub const INGEST: TreeId = TreeId(0xFFFF_0005);
 
     pub fn partition(p: u32) -> TreeId {
         TreeId(p)

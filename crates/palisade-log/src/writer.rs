@@ -8,7 +8,7 @@
 //! order. The sequencer drains its queue, runs each command through the
 //! state machine of its partition (or the lease authority), and stages what
 //! the command changes into the open round: the events, the twin records,
-//! the fences, the source offset, lease records, audit records. It then
+//! the fences, the source offsets, lease records, audit records. It then
 //! hands the round to the committer and goes on with the next while the
 //! round is synced: one `fdatasync` covers every partition. Replies go out
 //! only after the round is durable and applied.
@@ -18,27 +18,30 @@
 //! durable, nothing after it is acknowledged either, and a restart rebuilds
 //! this state from what the log and sled hold.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use palisade_core::{codec, Clock, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
-use palisade_core::{MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN};
+use palisade_core::{
+    check_event_fields, codec, partition_for, Clock, FencingToken, LeaseId, NewEvent, PartitionId,
+    Scope, TwinId,
+};
 use palisade_lease::{AcquireRequest, AuthorityError, Lease, LeaseAuthority, LeaseWrites};
 use palisade_twin::TwinState;
 use tokio::sync::{oneshot, watch};
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use crate::batch::{BatchEvent, Batches, DedupeWindow};
 use crate::commit::{Ack, CommitShared, Round, StorageFailure, ToSync};
 use crate::error::{AppendError, LeaseOpError, OpenError};
 use crate::fence::{self, Fences, Reach};
 use crate::ingest::{
-    is_drop, now_ms, DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog,
-    DEAD_LETTERS_PER_PARTITION, DEAD_LETTER_VALUE_BYTES,
+    is_drop, now_ms, DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog, Source,
+    DEAD_LETTER_VALUE_BYTES,
 };
 use crate::keys;
 use crate::records::{PartitionMeta, Snapshot, TokenGrant, TwinRecord};
+use crate::sources::{RelayCheck, Sources};
 use crate::wal::{Ops, TreeId};
 use crate::Metrics;
 
@@ -91,20 +94,27 @@ pub(crate) enum Command {
         req: AppendReq,
         reply: oneshot::Sender<Result<Appended, AppendError>>,
     },
-    /// A record of source (Kafka) partition `partition` at `offset`:
-    /// applied, dropped or dead-lettered, and the offset stored, in one round.
+    /// A record of source (Kafka) partition `source` at `offset`: applied
+    /// to its twin's partition, dropped or dead-lettered, and the source
+    /// offset stored, in one round.
     Ingest {
-        partition: PartitionId,
+        source: Source,
         offset: u64,
         record: IngestRecord,
         reply: IngestReply,
     },
-    /// Source records of one partition in offset order, each handled as
-    /// `Ingest` is, with one reply for all.
+    /// Source records of one source partition in offset order, each handled
+    /// as `Ingest` is, with one reply for all.
     IngestBatch {
-        partition: PartitionId,
+        source: Source,
         records: Vec<(u64, IngestRecord)>,
         reply: IngestBatchReply,
+    },
+    /// Give the source offsets migrated from layout 2 (whose topic was not
+    /// recorded) to `topic`; the reply counts them.
+    ClaimLegacy {
+        topic: String,
+        reply: oneshot::Sender<Result<usize, AppendError>>,
     },
     /// Grant a lease from the embedded authority: the lease records and the
     /// fence raise of the scope go into the same round.
@@ -214,6 +224,8 @@ pub(crate) fn lease_failure(metrics: &Metrics, e: AuthorityError) -> LeaseOpErro
 
 pub(crate) struct Sequencer {
     parts: Vec<Partition>,
+    /// Source offsets, dead letters, forward chains (the `ingest` tree).
+    sources: Sources,
     authority: Arc<Mutex<LeaseAuthority>>,
     shared: Arc<Shared>,
     out: mpsc::Sender<ToSync>,
@@ -224,6 +236,7 @@ pub(crate) struct Sequencer {
 impl Sequencer {
     pub fn new(
         parts: Vec<Partition>,
+        sources: Sources,
         authority: Arc<Mutex<LeaseAuthority>>,
         shared: Arc<Shared>,
         out: mpsc::Sender<ToSync>,
@@ -232,6 +245,7 @@ impl Sequencer {
     ) -> Self {
         let mut s = Self {
             parts,
+            sources,
             authority,
             shared,
             out,
@@ -277,6 +291,8 @@ impl Sequencer {
 
     /// Send the open round to the committer (if it holds anything).
     fn close_round(&mut self) {
+        // The source offsets go into the round of the records they cover.
+        self.sources.close(&mut self.open.ops);
         let mut round = std::mem::take(&mut self.open);
         if round.acks.is_empty() && round.ops.is_empty() {
             return;
@@ -370,25 +386,23 @@ impl Sequencer {
                 }));
             }
             Command::Ingest {
-                partition,
+                source,
                 offset,
                 record,
                 reply,
             } => {
-                let (part, ops) = self.touch(partition.0 as usize);
-                let r = part.ingest(ops, offset, record);
+                let r = self.ingest(&source, offset, record);
                 self.open.ack(ack(reply, r, AppendError::StorageFailed));
             }
             Command::IngestBatch {
-                partition,
+                source,
                 records,
                 reply,
             } => {
-                let (part, ops) = self.touch(partition.0 as usize);
                 let mut outcomes = Vec::with_capacity(records.len());
                 let mut failed = None;
                 for (offset, record) in records {
-                    match part.ingest(ops, offset, record) {
+                    match self.ingest(&source, offset, record) {
                         Ok(o) => outcomes.push(o),
                         // Not applied and its offset not stored: the records
                         // after it must not be applied either, or the stored
@@ -401,6 +415,10 @@ impl Sequencer {
                 }
                 let r = failed.map_or(Ok(outcomes), Err);
                 self.open.ack(ack(reply, r, AppendError::StorageFailed));
+            }
+            Command::ClaimLegacy { topic, reply } => {
+                let n = self.sources.claim_legacy(&topic, &mut self.open.ops);
+                self.open.ack(ack(reply, Ok(n), AppendError::StorageFailed));
             }
             Command::Acquire { req, id, reply } => {
                 let decided = self.authority().acquire(req, id, now_ms());
@@ -513,6 +531,154 @@ impl Sequencer {
     fn partitions(&self) -> u32 {
         u32::try_from(self.parts.len()).unwrap_or(u32::MAX)
     }
+
+    /// Apply, drop, dead-letter or forward one source record and advance
+    /// the source offset, all staged in the open round. The record goes to
+    /// its twin's partition, whatever source partition it came from: the
+    /// round is one log record, so the offset and the events are durable
+    /// together even when they are in different partitions.
+    fn ingest(
+        &mut self,
+        source: &Source,
+        offset: u64,
+        record: IngestRecord,
+    ) -> Result<IngestOutcome, AppendError> {
+        if let Some(e) = self.sources.failed(source) {
+            // An earlier record of this source failed in this round: this
+            // one must not pass it (the stored offset would skip it).
+            return Err(e.clone());
+        }
+        if self.sources.handled(source, offset) {
+            return Ok(IngestOutcome::AlreadyApplied);
+        }
+        match self.decide_record(source, offset, record) {
+            Ok(outcome) => {
+                self.sources.advance(source, offset);
+                Ok(outcome)
+            }
+            Err(e) => {
+                self.sources.fail(source, e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// What one record of `source` at `offset` does (its offset is the
+    /// caller's business). `Err` only for a storage error: nothing of the
+    /// record was staged.
+    fn decide_record(
+        &mut self,
+        source: &Source,
+        offset: u64,
+        record: IngestRecord,
+    ) -> Result<IngestOutcome, AppendError> {
+        Ok(match record {
+            IngestRecord::Append {
+                twin,
+                token,
+                events,
+            } => {
+                let p = partition_for(&twin, self.partitions());
+                let (part, ops) = self.touch(p.0 as usize);
+                let req = AppendReq {
+                    twin,
+                    token,
+                    events,
+                    if_match: None,
+                };
+                match part.append(ops, &req, Some((source.partition, offset))) {
+                    Ok(a) => IngestOutcome::Applied(a),
+                    Err(e @ (AppendError::Storage(_) | AppendError::Closed)) => return Err(e),
+                    Err(e) if is_drop(&e) => IngestOutcome::Dropped(e),
+                    Err(e) => {
+                        let reason = e.reason().to_owned();
+                        self.dead_letter(
+                            source,
+                            offset,
+                            DeadLetter {
+                                partition: source.partition,
+                                offset,
+                                key: Some(req.twin.to_string()),
+                                reason: reason.clone(),
+                                detail: e.to_string(),
+                                headers: Vec::new(),
+                                value: Vec::new(),
+                                value_len: 0,
+                                at_ms: 0,
+                            },
+                        );
+                        IngestOutcome::DeadLettered { reason }
+                    }
+                }
+            }
+            IngestRecord::Dead(dl) => {
+                let reason = dl.reason.clone();
+                self.shared.metrics.rejected("dead_letter");
+                self.dead_letter(source, offset, dl);
+                IngestOutcome::DeadLettered { reason }
+            }
+            IngestRecord::Relayed { origin, record } => {
+                let (check, last) = self.sources.relay(source, &origin);
+                match check {
+                    RelayCheck::Duplicate => IngestOutcome::Duplicate {
+                        origin: origin.partition,
+                        offset: origin.offset,
+                    },
+                    RelayCheck::Gap => {
+                        warn!(source = %source, offset, origin = origin.partition, origin_offset = origin.offset, prev = ?origin.prev, last = ?last, "a forwarded record overtook an earlier one of its origin partition; set aside until it is forwarded again");
+                        IngestOutcome::OutOfOrder {
+                            origin: origin.partition,
+                            expected: last,
+                            prev: origin.prev,
+                        }
+                    }
+                    RelayCheck::Next => {
+                        let outcome = match *record {
+                            inner @ (IngestRecord::Append { .. } | IngestRecord::Dead(_)) => {
+                                self.decide_record(source, offset, inner)?
+                            }
+                            IngestRecord::Relayed { .. } | IngestRecord::Forwarded { .. } => {
+                                let reason = "bad_forward".to_owned();
+                                self.dead_letter(
+                                    source,
+                                    offset,
+                                    DeadLetter {
+                                        partition: source.partition,
+                                        offset,
+                                        key: None,
+                                        reason: reason.clone(),
+                                        detail: "a forwarded record must hold an event record"
+                                            .into(),
+                                        headers: Vec::new(),
+                                        value: Vec::new(),
+                                        value_len: 0,
+                                        at_ms: 0,
+                                    },
+                                );
+                                IngestOutcome::DeadLettered { reason }
+                            }
+                        };
+                        self.sources.relayed(source, &origin);
+                        outcome
+                    }
+                }
+            }
+            IngestRecord::Forwarded { to, at } => {
+                self.sources.forwarded(source, to, offset);
+                IngestOutcome::Forwarded { to, at }
+            }
+        })
+    }
+
+    /// Keep a dead letter of `source` at `offset` (durable, bounded per
+    /// source partition).
+    fn dead_letter(&mut self, source: &Source, offset: u64, mut dl: DeadLetter) {
+        dl.partition = source.partition;
+        dl.offset = offset;
+        dl.at_ms = now_ms();
+        dl.value.truncate(DEAD_LETTER_VALUE_BYTES);
+        self.sources.stage_dead_letter(&mut self.open.ops, &dl);
+    }
 }
 
 /// Answer a command at once with the failure that stopped the store.
@@ -523,6 +689,7 @@ fn refuse(cmd: Command, f: &StorageFailure) {
         Command::Append { reply, .. } => drop(reply.send(Err(e()))),
         Command::Ingest { reply, .. } => drop(reply.send(Err(e()))),
         Command::IngestBatch { reply, .. } => drop(reply.send(Err(e()))),
+        Command::ClaimLegacy { reply, .. } => drop(reply.send(Err(e()))),
         Command::OwnerFence { reply, .. } => drop(reply.send(Err(e()))),
         Command::Acquire { reply, .. }
         | Command::Renew { reply, .. }
@@ -551,9 +718,6 @@ struct Pending {
     /// The staged events, grouped into event batches.
     events: Batches,
     dirty: HashMap<TwinId, TwinRecord>,
-    /// A source record of this round failed (not applied, offset not
-    /// stored): later records must not be applied past it.
-    ingest_failed: Option<AppendError>,
 }
 
 /// One partition's state machine.
@@ -567,11 +731,6 @@ pub(crate) struct Partition {
     /// Ids of the partition's recent events (layout 2 keeps no durable
     /// dedupe keys): a retry within the window gets its first seq back.
     dedupe: DedupeWindow,
-    /// The last source (Kafka) offset applied, stored with the events.
-    source_offset: Option<u64>,
-    source_dirty: bool,
-    /// Offsets of the dead letters stored (bounded), oldest first.
-    dead_letters: VecDeque<u64>,
     /// Cluster mode: the highest owner token seen in the source log.
     owner_fence: u64,
     owner_dirty: bool,
@@ -616,18 +775,6 @@ impl Partition {
                 tracing::warn!(partition = %partition, error = %e, "the store's clock is behind events already stored; new events may be ordered before them");
             }
         }
-        let source_offset = match tree.get(keys::SOURCE_OFFSET).map_err(sled_err)? {
-            Some(v) => Some(
-                keys::trailing_seq(&v)
-                    .ok_or_else(|| damaged(&keys::SOURCE_OFFSET, codec::CodecError::Empty))?,
-            ),
-            None => None,
-        };
-        let mut dead_letters = VecDeque::new();
-        for k in tree.scan_prefix([keys::DEAD_LETTER]).keys() {
-            let k = k.map_err(sled_err)?;
-            dead_letters.push_back(keys::trailing_seq(&k).unwrap_or(0));
-        }
         let owner_fence = owner_fence_in(cluster, partition).map_err(sled_err)?;
         let dedupe = DedupeWindow::load(&tree)?;
         let (head, head_rx) = watch::channel(meta.head);
@@ -639,9 +786,6 @@ impl Partition {
             grants,
             cache: HashMap::new(),
             dedupe,
-            source_offset,
-            source_dirty: false,
-            dead_letters,
             owner_fence,
             owner_dirty: false,
             pending: Pending::default(),
@@ -677,11 +821,6 @@ impl Partition {
         if std::mem::take(&mut self.meta_dirty) {
             ops.put(tree, &keys::META_KEY, &codec::encode(&self.meta));
             heads.push((self.id, self.meta.head));
-        }
-        if std::mem::take(&mut self.source_dirty) {
-            if let Some(o) = self.source_offset {
-                ops.put(tree, &keys::SOURCE_OFFSET, &o.to_be_bytes());
-            }
         }
         if std::mem::take(&mut self.owner_dirty) {
             ops.put(
@@ -781,17 +920,18 @@ impl Partition {
 
     /// Check one append request and stage it. Everything is checked before
     /// anything is staged, so a refused request leaves no trace.
+    /// `kafka`: the source partition and offset of a Kafka record.
     fn append(
         &mut self,
         ops: &mut Ops,
         cmd: &AppendReq,
-        offset: Option<u64>,
+        kafka: Option<(u32, u64)>,
     ) -> Result<Appended, AppendError> {
         let r = self.try_append(ops, cmd);
         if let Err(e) = &r {
             // For HTTP the store refines NotIssued (it may be WrongScope) and
             // counts the final reason itself.
-            let refined_later = offset.is_none() && matches!(e, AppendError::NotIssued { .. });
+            let refined_later = kafka.is_none() && matches!(e, AppendError::NotIssued { .. });
             if refined_later {
                 return r;
             }
@@ -799,108 +939,19 @@ impl Partition {
             if !matches!(e, AppendError::Storage(_) | AppendError::Closed) {
                 self.shared.rejections.push(Rejection {
                     at_ms: now_ms(),
-                    source: if offset.is_some() { "kafka" } else { "http" },
+                    source: if kafka.is_some() { "kafka" } else { "http" },
                     partition: self.id,
-                    offset,
+                    source_partition: kafka.map(|k| k.0),
+                    offset: kafka.map(|k| k.1),
                     twin: cmd.twin.clone(),
                     token: cmd.token,
+                    event_ids: cmd.events.iter().map(|e| e.event_id.clone()).collect(),
                     reason: e.reason(),
                     detail: e.to_string(),
                 });
             }
         }
         r
-    }
-
-    /// Apply, drop or dead-letter one source record and advance the stored
-    /// source offset, all staged in the open round.
-    fn ingest(
-        &mut self,
-        ops: &mut Ops,
-        offset: u64,
-        record: IngestRecord,
-    ) -> Result<IngestOutcome, AppendError> {
-        if let Some(e) = &self.pending.ingest_failed {
-            return Err(e.clone());
-        }
-        let r = self.ingest_one(ops, offset, record);
-        if let Err(e) = &r {
-            self.pending.ingest_failed = Some(e.clone());
-        }
-        r
-    }
-
-    fn ingest_one(
-        &mut self,
-        ops: &mut Ops,
-        offset: u64,
-        record: IngestRecord,
-    ) -> Result<IngestOutcome, AppendError> {
-        if self.source_offset.is_some_and(|o| offset <= o) {
-            return Ok(IngestOutcome::AlreadyApplied);
-        }
-        let outcome = match record {
-            IngestRecord::Append {
-                twin,
-                token,
-                events,
-            } => {
-                let req = AppendReq {
-                    twin,
-                    token,
-                    events,
-                    if_match: None,
-                };
-                match self.append(ops, &req, Some(offset)) {
-                    Ok(a) => IngestOutcome::Applied(a),
-                    Err(e @ (AppendError::Storage(_) | AppendError::Closed)) => return Err(e),
-                    Err(e) if is_drop(&e) => IngestOutcome::Dropped(e),
-                    Err(e) => {
-                        let reason = e.reason().to_owned();
-                        self.stage_dead_letter(
-                            ops,
-                            DeadLetter {
-                                partition: self.id.0,
-                                offset,
-                                key: Some(req.twin.to_string()),
-                                reason: reason.clone(),
-                                detail: e.to_string(),
-                                headers: Vec::new(),
-                                value: Vec::new(),
-                                value_len: 0,
-                                at_ms: now_ms(),
-                            },
-                        );
-                        IngestOutcome::DeadLettered { reason }
-                    }
-                }
-            }
-            IngestRecord::Dead(mut dl) => {
-                dl.partition = self.id.0;
-                dl.offset = offset;
-                dl.at_ms = now_ms();
-                dl.value.truncate(DEAD_LETTER_VALUE_BYTES);
-                let reason = dl.reason.clone();
-                self.shared.metrics.rejected("dead_letter");
-                self.stage_dead_letter(ops, dl);
-                IngestOutcome::DeadLettered { reason }
-            }
-        };
-        self.source_offset = Some(offset);
-        self.source_dirty = true;
-        Ok(outcome)
-    }
-
-    fn stage_dead_letter(&mut self, ops: &mut Ops, dl: DeadLetter) {
-        let tree = self.tree_id();
-        ops.put(tree, &keys::dead_letter(dl.offset), &codec::encode(&dl));
-        self.dead_letters.push_back(dl.offset);
-        while self.dead_letters.len() as u64 > DEAD_LETTERS_PER_PARTITION {
-            // Prune the oldest stored one.
-            if let Some(old) = self.dead_letters.pop_front() {
-                ops.remove(tree, &keys::dead_letter(old));
-            }
-        }
     }
 
     /// Every check of an append after the token's scope: fences, If-Match,
@@ -924,16 +975,10 @@ impl Partition {
             }
         }
         for e in &cmd.events {
-            if e.event_id.is_empty() || e.event_id.len() > MAX_EVENT_ID_LEN {
-                return Err(AppendError::BadEvent(format!(
-                    "event_id must be 1 to {MAX_EVENT_ID_LEN} bytes"
-                )));
-            }
-            if e.event_type.is_empty() || e.event_type.len() > MAX_EVENT_TYPE_LEN {
-                return Err(AppendError::BadEvent(format!(
-                    "type must be 1 to {MAX_EVENT_TYPE_LEN} bytes"
-                )));
-            }
+            // The same rules as the HTTP and Kafka JSON parsers apply, here
+            // where every path (Kafka protobuf records too) passes.
+            check_event_fields(&e.event_id, &e.event_type)
+                .map_err(|err| AppendError::BadEvent(err.to_string()))?;
             TwinState::validate(&e.patch)?;
         }
         for e in &cmd.events {

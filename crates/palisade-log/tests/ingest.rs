@@ -4,15 +4,21 @@
 //! a rebalance) applies each record exactly once; stale records are dropped
 //! and logged; undecodable or refused records become durable dead letters.
 
-use palisade_core::{FencingToken, NewEvent, PartitionId, Scope, TwinId};
+use palisade_core::{FencingToken, NewEvent, Scope, TwinId};
 use palisade_lease::AcquireRequest;
-use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Store, StoreConfig};
+use palisade_log::{
+    AppendError, DeadLetter, IngestOutcome, IngestRecord, Source, Store, StoreConfig,
+};
 
 fn cfg() -> StoreConfig {
     StoreConfig {
         partitions: Some(1),
         ..StoreConfig::default()
     }
+}
+
+fn src() -> Source {
+    Source::new("twin-events", 0)
 }
 
 fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
@@ -33,7 +39,7 @@ fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
 
 async fn ingest(store: &Store, offset: u64, r: IngestRecord) -> IngestOutcome {
     store
-        .enqueue_ingest(PartitionId(0), offset, r)
+        .enqueue_ingest(&src(), offset, r)
         .await
         .unwrap()
         .await
@@ -67,12 +73,12 @@ async fn offsets_make_redelivery_exactly_once_across_restarts() {
         ingest(&store, 1, rec(&twin, a.token, "e1-again")).await,
         IngestOutcome::AlreadyApplied
     );
-    assert_eq!(store.source_offset(PartitionId(0)).unwrap(), Some(1));
+    assert_eq!(store.source_offset(&src()).unwrap(), Some(1));
     store.close().await;
     drop(store);
 
     let store = Store::open(dir.path(), cfg()).unwrap();
-    assert_eq!(store.source_offset(PartitionId(0)).unwrap(), Some(1));
+    assert_eq!(store.source_offset(&src()).unwrap(), Some(1));
     assert_eq!(
         ingest(&store, 0, rec(&twin, a.token, "x")).await,
         IngestOutcome::AlreadyApplied
@@ -171,6 +177,6 @@ async fn stale_records_are_dropped_and_bad_ones_dead_lettered_while_the_partitio
         .iter()
         .any(|r| r.source == "kafka" && r.offset == Some(11) && r.reason == "stale_token"));
     assert_eq!(store.metrics().rejections("stale_token"), 1);
-    assert_eq!(store.source_offset(PartitionId(0)).unwrap(), Some(14));
+    assert_eq!(store.source_offset(&src()).unwrap(), Some(14));
     store.close().await;
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use palisade_core::{FencingToken, NewEvent, PartitionId, Scope, TwinId};
 use palisade_lease::AcquireRequest;
-use palisade_log::{AsOf, IngestOutcome, IngestRecord, OpenError, Store, StoreConfig};
+use palisade_log::{AsOf, IngestOutcome, IngestRecord, OpenError, Source, Store, StoreConfig};
 
 fn cfg() -> StoreConfig {
     StoreConfig {
@@ -234,7 +234,7 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
     };
     let outcomes = store
         .enqueue_ingest_batch(
-            PartitionId(0),
+            &Source::new("t", 0),
             (10..20).map(|o| (o, rec(&format!("k{o}")))).collect(),
         )
         .await
@@ -246,11 +246,11 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
     assert!(outcomes
         .iter()
         .all(|o| matches!(o, IngestOutcome::Applied(_))));
-    assert_eq!(store.source_offset(PartitionId(0)).unwrap(), Some(19));
+    assert_eq!(store.source_offset(&Source::new("t", 0)).unwrap(), Some(19));
     // Redelivery overlapping the stored offset: only the new ones apply.
     let outcomes = store
         .enqueue_ingest_batch(
-            PartitionId(0),
+            &Source::new("t", 0),
             (15..25).map(|o| (o, rec(&format!("k{o}")))).collect(),
         )
         .await
@@ -264,7 +264,7 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
         .count();
     assert_eq!(applied, 5);
     assert_eq!(outcomes[0], IngestOutcome::AlreadyApplied);
-    assert_eq!(store.source_offset(PartitionId(0)).unwrap(), Some(24));
+    assert_eq!(store.source_offset(&Source::new("t", 0)).unwrap(), Some(24));
     let ids: Vec<String> = store
         .twin_events(&twin, 0, 100)
         .unwrap()
@@ -291,7 +291,7 @@ fn a_layout_1_store_is_refused_at_open() {
         Err(
             e @ OpenError::Format {
                 found: 1,
-                supported: 2,
+                supported: 3,
                 ..
             },
         ) => {
