@@ -2,7 +2,7 @@
 """Plot a soak run's CSV (tests/soak/main.rs) for docs/reliability.md.
 
     pip install matplotlib
-    python3 docs/plot_soak.py target/soak/soak-<time>.csv docs/soak
+    python3 docs/plot_soak.py docs/soak/soak-long.csv docs/soak/soak
 
 writes <prefix>-memory.png (RSS and threads), <prefix>-fds.png (open
 descriptors and data folder size) and <prefix>-throughput.png (acknowledged
