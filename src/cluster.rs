@@ -157,21 +157,8 @@ impl Node {
             .set("message.timeout.ms", "10000");
         // The consumer's settings, less those librdkafka's producer warns
         // about (TLS and SASL settings apply to both).
-        let consumer_only = [
-            "session.timeout.ms",
-            "heartbeat.interval.ms",
-            "max.poll.interval.ms",
-            "partition.assignment.strategy",
-            "isolation.level",
-        ];
-        for (k, v) in &config.kafka_settings {
-            let consumer_side = consumer_only.contains(&k.as_str())
-                || ["group.", "auto.", "enable.auto.", "fetch."]
-                    .iter()
-                    .any(|p| k.starts_with(p));
-            if !consumer_side {
-                pc.set(k, v);
-            }
+        for (k, v) in palisade_kafka::cluster::producer_settings(&config.kafka_settings) {
+            pc.set(k, v);
         }
         let producer = pc.create().context("kafka producer")?;
         let node = Arc::new_cyclic(|me| Self {

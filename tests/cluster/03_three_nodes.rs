@@ -54,7 +54,7 @@ impl Cluster {
         n
     }
 
-    fn launch(&self, n: &mut Node) {
+    pub(crate) fn launch(&self, n: &mut Node) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -116,7 +116,7 @@ impl Node {
             .success());
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -152,11 +152,11 @@ impl Drop for Node {
     }
 }
 
-fn read(p: &Path) -> String {
+pub(crate) fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
-fn http() -> reqwest::Client {
+pub(crate) fn http() -> reqwest::Client {
     // Follows the cluster's 307 redirects (method and body kept).
     reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -166,7 +166,7 @@ fn http() -> reqwest::Client {
 
 /// Liveness deadline for one step (a rebalance plus a lease expiry on the
 /// mock broker take seconds); not a timing assertion.
-const STEP: Duration = Duration::from_secs(180);
+pub(crate) const STEP: Duration = Duration::from_secs(180);
 
 /// POST until acknowledged (201), through whichever live node answers,
 /// with the same event id every time (a retried append is stored once).
@@ -211,7 +211,7 @@ async fn append_acked(nodes: &[&Node], twin: &str, token: u64, event_id: &str, p
 }
 
 /// GET a twin through the cluster (redirects followed) until a node serves it.
-async fn twin(nodes: &[&Node], twin: &str, what: &str) -> Value {
+pub(crate) async fn twin(nodes: &[&Node], twin: &str, what: &str) -> Value {
     let c = http();
     let started = Instant::now();
     let mut i = 0usize;

@@ -27,3 +27,6 @@ mod three_nodes;
 
 #[path = "04_scaling.rs"]
 mod scaling;
+
+#[path = "05_forwarding.rs"]
+mod forwarding;

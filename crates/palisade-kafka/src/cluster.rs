@@ -14,6 +14,16 @@
 //!   `palisade-holder`): a lease granted by etcd through any node; applying
 //!   it registers the token with the partition writer and raises the fence,
 //!   at its place in the log.
+//!
+//! A worker record in partition k whose twin belongs to partition j != k
+//! (any producer partitioner but murmur2 puts most records there) is
+//! **forwarded**: the owner of k produces a copy to j with its origin
+//! (`palisade-origin-partition`, `-offset`, `-prev`) and stores k's offset
+//! only once the copy is acknowledged; whoever owns j applies the copy once,
+//! by the relay rule of `palisade_log` (a copy at or below the last decided
+//! from its origin is a retry; one that overtook a lost copy is set aside
+//! until it is sent again). See `docs/kafka.md` ("Forwarding") and
+//! `docs/decisions/0018-ingest-any-partition.md`.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -22,18 +32,20 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_core::{FencingToken, PartitionId, Scope};
-use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Source, Store};
+use palisade_core::{partition_for, FencingToken, PartitionId, Scope};
+use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Origin, Source, Store};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
-use crate::message::to_record;
+use crate::message::{to_record, to_record_as};
 use crate::{IngestConfig, KafkaIngestError};
 
 /// Header naming a control record's kind (`owner` or `grant`).
@@ -55,6 +67,10 @@ pub const ORIGIN_OFFSET_HEADER: &str = "palisade-origin-offset";
 /// partition forwarded to the same partition just before it (absent for
 /// the first).
 pub const ORIGIN_PREV_HEADER: &str = "palisade-origin-prev";
+/// A forwarded record: the owner token under which its forwarder held the
+/// origin partition (for people reading the log; the copy's content is the
+/// origin record's, whoever forwards it).
+pub const FORWARDED_BY_HEADER: &str = "palisade-forwarded-by";
 
 /// A boxed, sendable future (the trait is used as `dyn Ownership`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -102,10 +118,45 @@ pub trait Ownership: Send + Sync + Debug {
     );
 }
 
+/// Settings of a client that is a consumer elsewhere, for a producer: less
+/// those librdkafka's producer warns about (TLS and SASL settings apply to
+/// both).
+pub fn producer_settings(settings: &[(String, String)]) -> Vec<(String, String)> {
+    let consumer_only = [
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "max.poll.interval.ms",
+        "partition.assignment.strategy",
+        "isolation.level",
+        "queued.min.messages",
+        "queued.max.messages.kbytes",
+        "max.partition.fetch.bytes",
+    ];
+    settings
+        .iter()
+        .filter(|(k, _)| {
+            !(consumer_only.contains(&k.as_str())
+                || ["group.", "auto.", "enable.auto.", "fetch."]
+                    .iter()
+                    .any(|p| k.starts_with(p)))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Per (origin partition, partition forwarded to): the origin offset of the
+/// last record forwarded, i.e. the `prev` of the next one. Reloaded from the
+/// store whenever a partition is (re)assigned, right after its resume offset
+/// is read, so it always matches a point at or after where consumption
+/// resumes (re-forwarded records before that point are duplicates at the
+/// receiver, whatever their `prev`).
+type Chains = Arc<std::sync::Mutex<HashMap<(u32, u32), u64>>>;
+
 struct ClusterContext {
     store: Arc<Store>,
     topic: String,
     ownership: Arc<dyn Ownership>,
+    chains: Chains,
 }
 
 impl ClientContext for ClusterContext {}
@@ -128,14 +179,23 @@ impl ConsumerContext for ClusterContext {
                     // Resume at the offset stored with the data: a node that
                     // owned p before replays only what it missed; a new one
                     // replays the whole partition.
+                    let source = Source::new(self.topic.as_str(), *p);
                     let resume = self
                         .store
-                        .source_offset(&Source::new(self.topic.as_str(), *p))
+                        .source_offset(&source)
                         .ok()
                         .flatten()
                         .map_or(Offset::Beginning, |o| {
                             Offset::Offset(i64::try_from(o).unwrap_or(i64::MAX - 1) + 1)
                         });
+                    // After the offset (see `Chains`).
+                    let stored = self.store.forward_chains(&source).unwrap_or_default();
+                    let mut chains = self
+                        .chains
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    chains.retain(|(from, _), _| from != p);
+                    chains.extend(stored.into_iter().map(|(to, o)| ((*p, to), o)));
                     let _ = tpl.set_partition_offset(
                         &self.topic,
                         i32::try_from(*p).unwrap_or(0),
@@ -164,6 +224,27 @@ impl ConsumerContext for ClusterContext {
 }
 
 type ClusterConsumer = StreamConsumer<ClusterContext>;
+
+/// What the consume loop hands on, in log order: records for the store,
+/// forwards whose copy is on its way, barriers.
+enum Step {
+    Record {
+        partition: u32,
+        offset: u64,
+        record: IngestRecord,
+    },
+    /// The record at `offset` of `partition` was produced to partition
+    /// `to`; once its copy is acknowledged, `IngestRecord::Forwarded` is
+    /// queued in its place. Later records of every partition wait for it,
+    /// so no stored offset passes a copy not yet in Kafka.
+    Forward {
+        partition: u32,
+        offset: u64,
+        to: u32,
+        delivery: DeliveryFuture,
+    },
+    Barrier(oneshot::Sender<()>),
+}
 
 /// In-order completion of queued records.
 enum Done {
@@ -224,11 +305,28 @@ impl ClusterIngester {
         for (k, v) in &cfg.client_settings {
             cc.set(k, v);
         }
+        let chains: Chains = Arc::default();
         let consumer: Arc<ClusterConsumer> = Arc::new(cc.create_with_context(ClusterContext {
             store: store.clone(),
             topic: cfg.topic.clone(),
             ownership: ownership.clone(),
+            chains: chains.clone(),
         })?);
+        // The forwarding producer: acks=all and idempotent, so copies of one
+        // partition land in the order they are produced, each once.
+        let mut pc = ClientConfig::new();
+        pc.set("bootstrap.servers", &cfg.brokers)
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "10000");
+        for (k, v) in producer_settings(&cfg.client_settings) {
+            pc.set(k, v);
+        }
+        let producer: FutureProducer = pc.create()?;
+        // Offsets of a store migrated from layout 2 (see the single-node
+        // ingester): this topic takes them before any assignment.
+        store.claim_legacy_offsets(&cfg.topic).await?;
+        let topic: Arc<str> = cfg.topic.as_str().into();
         let md = consumer.fetch_metadata(Some(&cfg.topic), Duration::from_secs(10))?;
         if let Some(t) = md.topics().iter().find(|t| t.name() == cfg.topic) {
             let n = t.partitions().len();
@@ -242,7 +340,62 @@ impl ClusterIngester {
         }
         consumer.subscribe(&[&cfg.topic])?;
         info!("cluster: consuming");
-        let (tx, mut rx) = mpsc::channel::<Done>(4096);
+        let (done_tx, mut rx) = mpsc::channel::<Done>(4096);
+        let (tx, mut steps) = mpsc::channel::<Step>(4096);
+        let stepper = {
+            let store = store.clone();
+            let topic = topic.clone();
+            tokio::spawn(async move {
+                let source = |partition| Source {
+                    topic: topic.clone(),
+                    partition,
+                };
+                while let Some(step) = steps.recv().await {
+                    let done = match step {
+                        Step::Record {
+                            partition,
+                            offset,
+                            record,
+                        } => Done::Record {
+                            partition,
+                            offset,
+                            outcome: store
+                                .enqueue_ingest(&source(partition), offset, record)
+                                .await?,
+                        },
+                        Step::Forward {
+                            partition,
+                            offset,
+                            to,
+                            delivery,
+                        } => {
+                            let at = match delivery.await {
+                                Ok(Ok(d)) => u64::try_from(d.offset).unwrap_or(0),
+                                // Not stored: the consumer restarts at the
+                                // stored offset and forwards it again.
+                                Ok(Err((e, _))) => return Err(KafkaIngestError::Kafka(e)),
+                                Err(_) => {
+                                    return Err(KafkaIngestError::Kafka(KafkaError::Canceled))
+                                }
+                            };
+                            let record = IngestRecord::Forwarded { to, at };
+                            Done::Record {
+                                partition,
+                                offset,
+                                outcome: store
+                                    .enqueue_ingest(&source(partition), offset, record)
+                                    .await?,
+                            }
+                        }
+                        Step::Barrier(b) => Done::Barrier(b),
+                    };
+                    if done_tx.send(done).await.is_err() {
+                        break;
+                    }
+                }
+                Ok::<(), KafkaIngestError>(())
+            })
+        };
         let acker = {
             let ownership = ownership.clone();
             let store = store.clone();
@@ -290,7 +443,47 @@ impl ClusterIngester {
                     )),
                     _ => None,
                 };
-                let record = control.is_none().then(|| to_record(&msg, Some(store.partitions()), cfg.max_value_bytes));
+                let strict = cfg.strict_partitioning.then(|| store.partitions());
+                let record = control.is_none().then(|| match origin_of(&msg) {
+                    None => to_record(&msg, strict, cfg.max_value_bytes),
+                    Some(Ok(origin)) => IngestRecord::Relayed {
+                        origin,
+                        // Event ids default from the origin position, as if
+                        // the record had been read there.
+                        record: Box::new(to_record_as(
+                            &msg,
+                            i32::try_from(origin.partition).unwrap_or(0),
+                            i64::try_from(origin.offset).unwrap_or(0),
+                            cfg.max_value_bytes,
+                        )),
+                    },
+                    Some(Err(refusal)) => {
+                        let headers = crate::message::headers_of(&msg);
+                        crate::message::dead_letter(&msg, &headers, refusal)
+                    }
+                });
+                // Its twin's partition, if another: forward a copy there.
+                let copy = match &record {
+                    Some(IngestRecord::Append { twin, .. }) => {
+                        let to = partition_for(twin, store.partitions()).0;
+                        (to != p).then(|| (to, Copy::of(&msg)))
+                    }
+                    _ => None,
+                };
+                // A copy belongs in its twin's partition: this node applies
+                // partition p only, so one elsewhere cannot be applied here.
+                let record = record.map(|r| match r {
+                    IngestRecord::Relayed { record: inner, .. }
+                        if matches!(&*inner, IngestRecord::Append { twin, .. } if partition_for(twin, store.partitions()).0 != p) =>
+                    {
+                        let headers = crate::message::headers_of(&msg);
+                        crate::message::dead_letter(&msg, &headers, crate::decode::Refusal {
+                            reason: "bad_forward",
+                            detail: format!("a forwarded copy in partition {p}, which does not hold its twin"),
+                        })
+                    }
+                    other => other,
+                });
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
                 let token = match ownership.admit(p).await {
@@ -339,7 +532,23 @@ impl ClusterIngester {
                     }
                     None => {
                         let mut record = record.unwrap_or_else(|| unreachable_dead(p, o));
-                        if let Some(t) = owner_token.filter(|t| *t < fence) {
+                        let stale_owner = owner_token.filter(|t| *t < fence);
+                        if let (None, Some((to, copy))) = (stale_owner, copy) {
+                            // Forwarded only while this node owns p; the
+                            // copy's content is the record's, whoever
+                            // forwards it, so a late forward of a former
+                            // owner is a duplicate at the receiver.
+                            let prev = chains
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .insert((p, to), o);
+                            let delivery = copy.forward(&producer, &cfg.topic, p, o, to, prev, token).await?;
+                            if tx.send(Step::Forward { partition: p, offset: o, to, delivery }).await.is_err() {
+                                return Ok(());
+                            }
+                            continue;
+                        }
+                        if let Some(t) = stale_owner {
                             record = IngestRecord::Dead(DeadLetter {
                                 partition: p,
                                 offset: o,
@@ -353,8 +562,7 @@ impl ClusterIngester {
                             });
                             info!(partition = p, offset = o, owner_token = t, fence, "cluster: late write of a former owner refused");
                         }
-                        let outcome = store.enqueue_ingest(&Source::new(cfg.topic.as_str(), p), o, record).await?;
-                        if tx.send(Done::Record { partition: p, offset: o, outcome }).await.is_err() {
+                        if tx.send(Step::Record { partition: p, offset: o, record }).await.is_err() {
                             return Ok(());
                         }
                     }
@@ -363,8 +571,126 @@ impl ClusterIngester {
         }
         .await;
         drop(tx);
+        let stepped = stepper.await.unwrap_or(Ok(()));
         let acked = acker.await.unwrap_or(Ok(()));
-        result.and(acked)
+        result.and(stepped).and(acked)
+    }
+}
+
+/// The origin of a forwarded copy (`None`: not a copy). Only cluster nodes
+/// write these headers (`docs/kafka.md`).
+fn origin_of(msg: &BorrowedMessage<'_>) -> Option<Result<Origin, crate::decode::Refusal>> {
+    let partition = header_str(msg, ORIGIN_PARTITION_HEADER)?;
+    let bad = |what: &str| crate::decode::Refusal {
+        reason: "bad_forward",
+        detail: format!("a forwarded copy with a bad {what} header"),
+    };
+    let parse = |name: &str| {
+        header_str(msg, name)
+            .map(|v| v.trim().parse::<u64>().map_err(|_| bad(name)))
+            .transpose()
+    };
+    Some((|| {
+        Ok(Origin {
+            partition: partition
+                .trim()
+                .parse()
+                .map_err(|_| bad(ORIGIN_PARTITION_HEADER))?,
+            offset: parse(ORIGIN_OFFSET_HEADER)?.ok_or_else(|| bad(ORIGIN_OFFSET_HEADER))?,
+            prev: parse(ORIGIN_PREV_HEADER)?,
+        })
+    })())
+}
+
+/// An owned copy of a record to forward (a borrowed message is not Send).
+struct Copy {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Copy {
+    fn of(msg: &BorrowedMessage<'_>) -> Self {
+        let headers = msg
+            .headers()
+            .map(|h| {
+                (0..h.count())
+                    .map(|i| h.get(i))
+                    // Headers only nodes write are the forwarder's to set.
+                    .filter(|h| {
+                        let k = h.key.to_ascii_lowercase();
+                        !(k.starts_with("palisade-origin-")
+                            || k == OWNER_TOKEN_HEADER
+                            || k == NODE_HEADER
+                            || k == CONTROL_HEADER)
+                    })
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            key: msg.key().map(<[u8]>::to_vec),
+            value: msg.payload().map(<[u8]>::to_vec),
+            headers,
+        }
+    }
+
+    /// Produce the copy to partition `to` (without waiting for it).
+    #[allow(clippy::too_many_arguments)]
+    async fn forward(
+        self,
+        producer: &FutureProducer,
+        topic: &str,
+        from: u32,
+        offset: u64,
+        to: u32,
+        prev: Option<u64>,
+        owner: FencingToken,
+    ) -> Result<DeliveryFuture, KafkaIngestError> {
+        let (from_s, offset_s, owner_s) =
+            (from.to_string(), offset.to_string(), owner.0.to_string());
+        let prev_s = prev.map(|p| p.to_string());
+        let mut headers = OwnedHeaders::new();
+        for (k, v) in &self.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        for (k, v) in [
+            (ORIGIN_PARTITION_HEADER, Some(&from_s)),
+            (ORIGIN_OFFSET_HEADER, Some(&offset_s)),
+            (ORIGIN_PREV_HEADER, prev_s.as_ref()),
+            // For people reading the log: who forwarded it, under which
+            // owner token of the origin partition.
+            (FORWARDED_BY_HEADER, Some(&owner_s)),
+        ] {
+            if let Some(v) = v {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
+            }
+        }
+        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic)
+            .partition(i32::try_from(to).unwrap_or(0))
+            .headers(headers);
+        if let Some(k) = &self.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = &self.value {
+            rec = rec.payload(v.as_slice());
+        }
+        loop {
+            match producer.send_result(rec) {
+                Ok(d) => return Ok(d),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    rec = r;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) => return Err(e.into()),
+            }
+        }
     }
 }
 
@@ -394,9 +720,10 @@ fn unreachable_dead(p: u32, o: u64) -> IngestRecord {
     })
 }
 
-async fn barrier(tx: &mpsc::Sender<Done>) {
+/// Wait until everything queued before is handled.
+async fn barrier(tx: &mpsc::Sender<Step>) {
     let (b, done) = oneshot::channel();
-    if tx.send(Done::Barrier(b)).await.is_ok() {
+    if tx.send(Step::Barrier(b)).await.is_ok() {
         let _ = done.await;
     }
 }

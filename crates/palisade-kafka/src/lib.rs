@@ -2,11 +2,16 @@
 //!
 //! - [`decode`]: a record (key = twin id, `fencing-token` header, protobuf or
 //!   JSON value) becomes an append or a [`Refusal`] with a stable reason.
-//! - [`Ingester`]: a consumer group member. Each assigned Kafka partition p
-//!   feeds Palisade partition p's writer in order; every record's offset is
-//!   stored in the same atomic batch as its outcome (applied, dropped as
-//!   stale, or dead-lettered), and consumption resumes from the stored offset
-//!   on start and on every assignment. Each record is applied exactly once.
+//! - [`Ingester`]: a consumer group member. Each assigned Kafka partition's
+//!   records are handed to the store in order, and each is applied to its
+//!   twin's partition whichever Kafka partition it is in (any producer
+//!   partitioner, any partition count; strict mode keeps partition p ->
+//!   partition p); every record's offset is stored in the same commit round
+//!   as its outcome (applied, dropped as stale, or dead-lettered), and
+//!   consumption resumes from the stored offsets on start and on every
+//!   assignment. Each record is applied exactly once.
+//! - [`cluster::ClusterIngester`]: the same in cluster mode, where a record
+//!   outside its twin's partition is forwarded there through Kafka.
 //! - [`Publisher`]: the producer side for workers: murmur2 partitioning,
 //!   token and HLC headers, protobuf values.
 //!

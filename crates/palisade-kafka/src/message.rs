@@ -52,6 +52,31 @@ pub(crate) fn to_record(
     }
 }
 
+/// [`to_record`] for a copy of a record read elsewhere: decoded as if it
+/// were at `partition` and `offset` (event ids default from there), without
+/// strict partitioning (the copy is in its twin's partition by design).
+pub(crate) fn to_record_as(
+    msg: &BorrowedMessage<'_>,
+    partition: i32,
+    offset: i64,
+    max_value_bytes: usize,
+) -> IngestRecord {
+    let headers = headers_of(msg);
+    let raw = RawRecord {
+        partition,
+        offset,
+        ..raw_of(msg, &headers)
+    };
+    match decode(&raw, None, max_value_bytes) {
+        Ok(d) => IngestRecord::Append {
+            twin: d.twin,
+            token: d.token,
+            events: d.events,
+        },
+        Err(refusal) => dead_letter(msg, &headers, refusal),
+    }
+}
+
 /// A dead letter for `msg`: where it was, why it was refused, its headers
 /// and (the start of) its value.
 pub(crate) fn dead_letter(

@@ -155,8 +155,9 @@ pub struct Rejection {
     pub source: &'static str,
     /// The store partition of the twin.
     pub partition: PartitionId,
-    /// Kafka: the partition the record was read from (it may differ from
-    /// `partition`: records are routed by key).
+    /// Kafka: the partition the record was produced to (it may differ from
+    /// `partition`: records are routed by key; for a copy a cluster node
+    /// forwarded, the original's).
     pub source_partition: Option<u32>,
     /// Kafka: the record's offset in `source_partition`.
     pub offset: Option<u64>,

@@ -36,8 +36,8 @@ use crate::commit::{Ack, CommitShared, Round, StorageFailure, ToSync};
 use crate::error::{AppendError, LeaseOpError, OpenError};
 use crate::fence::{self, Fences, Reach};
 use crate::ingest::{
-    is_drop, now_ms, DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog, Source,
-    DEAD_LETTER_VALUE_BYTES,
+    is_drop, now_ms, DeadLetter, IngestOutcome, IngestRecord, Origin, Rejection, RejectionLog,
+    Source, DEAD_LETTER_VALUE_BYTES,
 };
 use crate::keys;
 use crate::records::{PartitionMeta, Snapshot, TokenGrant, TwinRecord};
@@ -551,7 +551,7 @@ impl Sequencer {
         if self.sources.handled(source, offset) {
             return Ok(IngestOutcome::AlreadyApplied);
         }
-        match self.decide_record(source, offset, record) {
+        match self.decide_record(source, offset, record, None) {
             Ok(outcome) => {
                 self.sources.advance(source, offset);
                 Ok(outcome)
@@ -565,13 +565,23 @@ impl Sequencer {
 
     /// What one record of `source` at `offset` does (its offset is the
     /// caller's business). `Err` only for a storage error: nothing of the
-    /// record was staged.
+    /// record was staged. `origin`: the record is a forwarded copy of the
+    /// record there, which a rejection names (the worker produced that one).
     fn decide_record(
         &mut self,
         source: &Source,
         offset: u64,
         record: IngestRecord,
+        origin: Option<&Origin>,
     ) -> Result<IngestOutcome, AppendError> {
+        let named = origin.map_or((source.partition, offset), |o| (o.partition, o.offset));
+        let forwarded = |detail: String| match origin {
+            Some(o) => format!(
+                "{detail} (forwarded from partition {} offset {})",
+                o.partition, o.offset
+            ),
+            None => detail,
+        };
         Ok(match record {
             IngestRecord::Append {
                 twin,
@@ -586,7 +596,7 @@ impl Sequencer {
                     events,
                     if_match: None,
                 };
-                match part.append(ops, &req, Some((source.partition, offset))) {
+                match part.append(ops, &req, Some(named)) {
                     Ok(a) => IngestOutcome::Applied(a),
                     Err(e @ (AppendError::Storage(_) | AppendError::Closed)) => return Err(e),
                     Err(e) if is_drop(&e) => IngestOutcome::Dropped(e),
@@ -600,7 +610,7 @@ impl Sequencer {
                                 offset,
                                 key: Some(req.twin.to_string()),
                                 reason: reason.clone(),
-                                detail: e.to_string(),
+                                detail: forwarded(e.to_string()),
                                 headers: Vec::new(),
                                 value: Vec::new(),
                                 value_len: 0,
@@ -611,7 +621,8 @@ impl Sequencer {
                     }
                 }
             }
-            IngestRecord::Dead(dl) => {
+            IngestRecord::Dead(mut dl) => {
+                dl.detail = forwarded(std::mem::take(&mut dl.detail));
                 let reason = dl.reason.clone();
                 self.shared.metrics.rejected("dead_letter");
                 self.dead_letter(source, offset, dl);
@@ -635,7 +646,7 @@ impl Sequencer {
                     RelayCheck::Next => {
                         let outcome = match *record {
                             inner @ (IngestRecord::Append { .. } | IngestRecord::Dead(_)) => {
-                                self.decide_record(source, offset, inner)?
+                                self.decide_record(source, offset, inner, Some(&origin))?
                             }
                             IngestRecord::Relayed { .. } | IngestRecord::Forwarded { .. } => {
                                 let reason = "bad_forward".to_owned();

@@ -598,3 +598,150 @@ proptest! {
         });
     }
 }
+
+/// Cluster mode at the log level: a copy forwarded from another partition
+/// is decided once, in its origin's order (the relay rule), across a
+/// restart; the forwarding side records its chain with its offset; refusals
+/// of a copy name the original record.
+#[tokio::test]
+async fn forwarded_copies_are_decided_once_in_origin_order() {
+    use palisade_log::Origin;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), cfg()).unwrap();
+    let t = TwinId::new("relay-1").unwrap();
+    let j = partition_for(&t, PARTITIONS).0;
+    let k = (j + 1) % PARTITIONS;
+    let tok = lease(&store, &t, "w").await;
+    let copy = |o: u64, prev: Option<u64>, id: &str| IngestRecord::Relayed {
+        origin: Origin {
+            partition: k,
+            offset: o,
+            prev,
+        },
+        record: Box::new(rec(&t, tok, id)),
+    };
+    let out = batch(
+        &store,
+        &src(j),
+        vec![
+            (0, copy(10, None, "e10")),
+            // A retry of the same copy (its forwarder crashed before it
+            // stored its offset).
+            (1, copy(10, None, "e10")),
+            // A copy that overtook a lost one (15): set aside.
+            (2, copy(20, Some(15), "e20")),
+            (3, copy(15, Some(10), "e15")),
+            (4, copy(20, Some(15), "e20")),
+        ],
+    )
+    .await;
+    assert!(matches!(out[0], IngestOutcome::Applied(_)), "{out:?}");
+    assert_eq!(
+        out[1],
+        IngestOutcome::Duplicate {
+            origin: k,
+            offset: 10
+        }
+    );
+    assert_eq!(
+        out[2],
+        IngestOutcome::OutOfOrder {
+            origin: k,
+            expected: Some(10),
+            prev: Some(15)
+        }
+    );
+    assert!(matches!(out[3], IngestOutcome::Applied(_)), "{out:?}");
+    assert!(matches!(out[4], IngestOutcome::Applied(_)), "{out:?}");
+    assert_eq!(history(&store, &t), ["e10", "e15", "e20"]);
+
+    // The forwarding side: k's record at 10 went to j (at j's offset 0).
+    let fwd = batch(
+        &store,
+        &src(k),
+        vec![(10, IngestRecord::Forwarded { to: j, at: 0 })],
+    )
+    .await;
+    assert_eq!(fwd, [IngestOutcome::Forwarded { to: j, at: 0 }]);
+    assert_eq!(
+        store
+            .forward_chains(&src(k))
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [(j, 10)]
+    );
+    store.close().await;
+    drop(store);
+
+    let store = Store::open(dir.path(), cfg()).unwrap();
+    assert_eq!(store.source_offset(&src(j)).unwrap(), Some(4));
+    assert_eq!(store.source_offset(&src(k)).unwrap(), Some(10));
+    let newer = {
+        let held = store.lease_holder(&Scope::Twin(t.clone())).unwrap();
+        store.release(held.id).await.unwrap();
+        lease(&store, &t, "w2").await
+    };
+    let stale = IngestRecord::Relayed {
+        origin: Origin {
+            partition: k,
+            offset: 30,
+            prev: Some(20),
+        },
+        record: Box::new(rec(&t, tok, "late")),
+    };
+    let dead = IngestRecord::Relayed {
+        origin: Origin {
+            partition: k,
+            offset: 31,
+            prev: Some(30),
+        },
+        record: Box::new(rec(&t, FencingToken(newer.0 + 1000), "never-issued")),
+    };
+    let out = batch(
+        &store,
+        &src(j),
+        vec![(5, copy(20, Some(15), "e20")), (6, stale), (7, dead)],
+    )
+    .await;
+    assert_eq!(
+        out[0],
+        IngestOutcome::Duplicate {
+            origin: k,
+            offset: 20
+        },
+        "after a restart"
+    );
+    assert!(matches!(out[1], IngestOutcome::Dropped(_)), "{out:?}");
+    assert_eq!(
+        out[2],
+        IngestOutcome::DeadLettered {
+            reason: "token_not_issued".into()
+        }
+    );
+    let r = store
+        .rejections(10)
+        .into_iter()
+        .find(|r| r.reason == "stale_token")
+        .unwrap();
+    assert_eq!(
+        (r.source_partition, r.offset, r.event_ids.clone()),
+        (Some(k), Some(30), vec!["late".to_owned()]),
+        "names the original record"
+    );
+    let dl = store.dead_letters(Some(j), None, 10).unwrap();
+    assert_eq!(
+        (dl[0].partition, dl[0].offset),
+        (j, 7),
+        "kept where the copy is"
+    );
+    assert!(
+        dl[0]
+            .detail
+            .contains(&format!("forwarded from partition {k} offset 31")),
+        "{}",
+        dl[0].detail
+    );
+    assert_eq!(history(&store, &t), ["e10", "e15", "e20"]);
+    store.close().await;
+}
