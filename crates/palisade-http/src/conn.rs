@@ -50,7 +50,7 @@ use hyper_util::rt::TokioIo;
 use palisade_log::Store;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tower_service::Service;
 use tracing::{debug, info, warn};
@@ -586,7 +586,6 @@ struct ConnState {
     busy: AtomicUsize,
     /// Since when a write has been waiting for the client to read.
     write_blocked_ms: AtomicU64,
-    changed: Notify,
 }
 
 impl ConnState {
@@ -598,7 +597,6 @@ impl ConnState {
             since_ms: AtomicU64::new(0),
             busy: AtomicUsize::new(0),
             write_blocked_ms: AtomicU64::new(NOT_BLOCKED),
-            changed: Notify::new(),
         }
     }
 
@@ -609,7 +607,6 @@ impl ConnState {
     fn set_phase(&self, phase: u8) {
         self.since_ms.store(self.now_ms(), Ordering::Relaxed);
         self.phase.store(phase, Ordering::Relaxed);
-        self.changed.notify_one();
     }
 
     /// Bytes arrived: between requests, that starts the next one's head.
@@ -637,7 +634,6 @@ impl ConnState {
         if self.write_blocked_ms.load(Ordering::Relaxed) == NOT_BLOCKED {
             self.write_blocked_ms
                 .store(self.now_ms(), Ordering::Relaxed);
-            self.changed.notify_one();
         }
     }
 
@@ -664,26 +660,23 @@ impl ConnState {
 }
 
 /// Resolves with the phase whose deadline passed.
+///
+/// It is not woken by the connection's phase changes (that was two task
+/// wake-ups per request on the hot path): it looks at the state at least
+/// every `min(header, idle)` timeout instead. That is never late: a phase
+/// or a stalled write that starts at `s` has its deadline at `s` plus one
+/// of those timeouts or more, and the next look, at most one step after
+/// `s`, sees it and sleeps until exactly then.
 async fn watchdog(state: Arc<ConnState>, limits: ConnectionLimits) -> Phase {
+    let step = limits.header_timeout.min(limits.idle_timeout);
     loop {
-        // Registered before the state is read, so no change is missed.
-        let changed = state.changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        match state.deadline(&limits) {
-            Some((at, phase)) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(at) => {
-                        // Still the deadline in force (not moved meanwhile)?
-                        if state.deadline(&limits).is_some_and(|(a, _)| a <= Instant::now()) {
-                            return phase;
-                        }
-                    }
-                    () = &mut changed => {}
-                }
-            }
-            None => changed.await,
-        }
+        let now = Instant::now();
+        let wake = match state.deadline(&limits) {
+            Some((at, phase)) if at <= now => return phase,
+            Some((at, _)) => at.min(now + step),
+            None => now + step,
+        };
+        tokio::time::sleep_until(wake).await;
     }
 }
 
