@@ -578,6 +578,15 @@ fn headline(s: BenchScenario, sums: &[Summary]) -> BTreeMap<String, f64> {
                 p.and_then(|x| x.get("seconds_to_first_record")),
             );
             put("max_lag_records", p.and_then(|x| x.get("max_lag_records")));
+            let d = find(sums, "ingest/palisade_librdkafka_default");
+            put(
+                "librdkafka_default_records_per_s",
+                d.and_then(|x| x.get("records_per_s")),
+            );
+            put(
+                "librdkafka_default_ratio_vs_murmur2",
+                d.and_then(|x| x.get("ratio_vs_murmur2")),
+            );
         }
         BenchScenario::Churn => {
             if let Some(c) = find(sums, "churn/palisade") {

@@ -153,9 +153,32 @@ impl Broker {
     }
 }
 
+/// How the pre-load producer picks a record's partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partitioner {
+    /// Kafka's Java partitioner (murmur2 of the key): every record is in its
+    /// twin's store partition.
+    Murmur2,
+    /// librdkafka's default, `consistent_random` (CRC32 of the key), as
+    /// kcat, confluent-kafka and rdkafka produce by default: most records are
+    /// in another partition than their twin's, and the store routes them.
+    LibrdkafkaDefault,
+}
+
+/// What the pre-load produced.
+#[derive(Debug, Clone, Default)]
+pub struct Preloaded {
+    /// The last offset of each Kafka partition.
+    pub last: BTreeMap<i32, i64>,
+    /// Records per second produced.
+    pub rate: f64,
+    /// Records outside their twin's store partition.
+    pub foreign: u64,
+}
+
 /// Produce `records` events (one per record) for random twins, each under
-/// its partition's token; returns the last offset of each Kafka partition
-/// and the produce rate.
+/// its partition's token, with `partitioner`.
+#[allow(clippy::too_many_arguments)]
 pub async fn preload(
     bootstrap: &str,
     topic: &str,
@@ -164,24 +187,28 @@ pub async fn preload(
     tokens: &[u64],
     records: u64,
     events: &Events,
-) -> anyhow::Result<(BTreeMap<i32, i64>, f64)> {
-    let publisher = Arc::new(
-        palisade_kafka::Publisher::new(
-            bootstrap,
-            topic,
-            &[
-                ("linger.ms".into(), "5".into()),
-                ("queue.buffering.max.messages".into(), "1000000".into()),
-                ("batch.num.messages".into(), "10000".into()),
-            ],
-        )
-        .context("cannot create the Kafka producer")?
-        .with_partitions(partitions),
-    );
+    partitioner: Partitioner,
+) -> anyhow::Result<Preloaded> {
+    let mut settings: Vec<(String, String)> = vec![
+        ("linger.ms".into(), "5".into()),
+        ("queue.buffering.max.messages".into(), "1000000".into()),
+        ("batch.num.messages".into(), "10000".into()),
+    ];
+    if partitioner == Partitioner::LibrdkafkaDefault {
+        // Overrides the publisher's murmur2_random (settings come last).
+        settings.push(("partitioner".into(), "consistent_random".into()));
+    }
+    let publisher = palisade_kafka::Publisher::new(bootstrap, topic, &settings)
+        .context("cannot create the Kafka producer")?;
+    let publisher = Arc::new(match partitioner {
+        Partitioner::Murmur2 => publisher.with_partitions(partitions),
+        Partitioner::LibrdkafkaDefault => publisher,
+    });
     let patch: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&events.patch).context("bench patch")?;
     let mut rng = load::Rng::new();
     let mut last: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut foreign = 0u64;
     let started = Instant::now();
     let bar = load::progress(
         "ingest: pre-loading the topic",
@@ -202,12 +229,15 @@ pub async fn preload(
                 hlc: None,
             };
             let p = publisher.clone();
-            set.spawn(async move { p.publish(&twin, token, &ev).await });
+            let own = twins.partition[idx];
+            set.spawn(async move { (own, p.publish(&twin, token, &ev).await) });
         }
         while let Some(r) = set.join_next().await {
-            let (part, off) = r
-                .context("a publish task panicked")?
-                .context("publishing to Kafka failed")?;
+            let (own, r) = r.context("a publish task panicked")?;
+            let (part, off) = r.context("publishing to Kafka failed")?;
+            if i64::from(part) != i64::from(own) {
+                foreign += 1;
+            }
             let e = last.entry(part).or_insert(off);
             *e = (*e).max(off);
         }
@@ -217,7 +247,11 @@ pub async fn preload(
     bar.finish_and_clear();
     #[allow(clippy::cast_precision_loss)]
     let rate = records as f64 / started.elapsed().as_secs_f64();
-    Ok((last, rate))
+    Ok(Preloaded {
+        last,
+        rate,
+        foreign,
+    })
 }
 
 /// Progress of one consumer: (seconds since its first record, records).

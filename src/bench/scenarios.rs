@@ -593,14 +593,55 @@ pub async fn read(ctx: &Ctx) -> anyhow::Result<RunOut> {
     Ok(out)
 }
 
-/// `ingest`: pre-load a topic, read it raw, then let the store ingest it.
+/// `ingest`: pre-load a topic, read it raw, then let the store ingest it;
+/// and the same with a topic produced by librdkafka's default partitioner
+/// (each into a fresh store; which goes first alternates by run).
 pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
-    let plan = &ctx.plan;
-    if plan.url.is_some() {
+    if ctx.plan.url.is_some() {
         bail!("ingest needs the in-process store (it runs the store's Kafka ingester itself); drop --url");
     }
-    let broker = ctx.broker().await?;
     let mut out = RunOut::default();
+    let mut order = [
+        kafka::Partitioner::Murmur2,
+        kafka::Partitioner::LibrdkafkaDefault,
+    ];
+    if run % 2 == 1 {
+        order.reverse();
+    }
+    let mut murmur2 = None;
+    let mut default = None;
+    for partitioner in order {
+        let (case, raw) = ingest_with(ctx, run, partitioner, &mut out.failures).await?;
+        match partitioner {
+            kafka::Partitioner::Murmur2 => murmur2 = Some((case, raw)),
+            kafka::Partitioner::LibrdkafkaDefault => default = Some(case),
+        }
+    }
+    let (Some((mut pal, raw)), Some(mut dflt)) = (murmur2, default) else {
+        bail!("ingest: a case did not run");
+    };
+    if let Some(raw) = raw {
+        ratio(&mut pal, "ratio_vs_raw_consume", "records_per_s", &raw);
+        ratio(&mut dflt, "ratio_vs_raw_consume", "records_per_s", &raw);
+        ratio(&mut dflt, "ratio_vs_murmur2", "records_per_s", &pal);
+        out.cases.push(pal);
+        out.cases.push(dflt);
+        out.cases.push(raw);
+    }
+    Ok(out)
+}
+
+/// One ingest case: a fresh store, a topic produced with `partitioner`, the
+/// store's ingester timed over it; the raw-consume baseline too for
+/// murmur2.
+async fn ingest_with(
+    ctx: &Ctx,
+    run: usize,
+    partitioner: kafka::Partitioner,
+    failures: &mut Vec<String>,
+) -> anyhow::Result<(Case, Option<Case>)> {
+    let plan = &ctx.plan;
+    let broker = ctx.broker().await?;
     let store = store_for_run(ctx, plan.partitions).await?;
     let p = store.partitions;
     let held = target::acquire_partitions(
@@ -613,10 +654,14 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
     .await?;
     let tokens = tokens_of(&held, p);
     let twins = Twins::new(plan.twins, p)?;
-    let topic = format!("bench-{}-{run}", ctx.events.nonce);
+    let (name, suffix) = match partitioner {
+        kafka::Partitioner::Murmur2 => ("ingest/palisade", ""),
+        kafka::Partitioner::LibrdkafkaDefault => ("ingest/palisade_librdkafka_default", "-crc32"),
+    };
+    let topic = format!("bench-{}-{run}{suffix}", ctx.events.nonce);
     broker.create_topic(&topic, p).await?;
     let total = plan.ingest_records;
-    let (last, produce_rate) = kafka::preload(
+    let pre = kafka::preload(
         broker.bootstrap(),
         &topic,
         p,
@@ -624,8 +669,10 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
         &tokens,
         total,
         &ctx.events,
+        partitioner,
     )
     .await?;
+    let last = &pre.last;
     let produced: u64 = last
         .values()
         .map(|o| u64::try_from(*o + 1).unwrap_or(0))
@@ -634,7 +681,12 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
         bail!("the topic holds {produced} records, {total} were produced (is it new and empty?)");
     }
     let timeout = Duration::from_secs(120) + Duration::from_millis(total / 2);
-    let raw = kafka::raw_consume(broker.bootstrap(), &topic, p, total, timeout).await?;
+    let raw = match partitioner {
+        kafka::Partitioner::Murmur2 => {
+            Some(kafka::raw_consume(broker.bootstrap(), &topic, p, total, timeout).await?)
+        }
+        kafka::Partitioner::LibrdkafkaDefault => None,
+    };
     let store_arc = store.store.clone().context("in-process store")?;
     let before = StoreMetrics::parse(&store_arc.metrics().render());
     let (ing, lag) = kafka::ingest(
@@ -642,7 +694,7 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
         &store_arc,
         broker.bootstrap(),
         &topic,
-        &last,
+        last,
         total,
         timeout,
     )
@@ -656,11 +708,11 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
     }
     let applied = outcomes.get("applied").copied().unwrap_or(0.0);
     if applied < f(total) {
-        out.failures.push(format!(
-            "ingest: {applied} of {total} records applied; outcomes {outcomes:?}"
+        failures.push(format!(
+            "{name}: {applied} of {total} records applied; outcomes {outcomes:?}"
         ));
     }
-    let mut pal = Case::new("ingest/palisade");
+    let mut pal = Case::new(name);
     let (flush, buckets) =
         StoreMetrics::flush_delta(&before, &StoreMetrics::parse(&store_arc.metrics().render()));
     // Ingested records are commands of their own (one per record) and are
@@ -672,6 +724,9 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
     pal.note("flush_batch_requests_buckets", buckets);
     pal.set("records_per_s", ing.rate());
     pal.set("records", f(total));
+    // Records the store routed to another partition than the one they
+    // were read from (0 with murmur2).
+    pal.set("records_outside_their_partition", f(pre.foreign));
     pal.set("seconds_first_to_last", ing.elapsed.as_secs_f64());
     pal.set("seconds_to_first_record", ing.to_first.as_secs_f64());
     pal.set(
@@ -680,21 +735,21 @@ pub async fn ingest(ctx: &Ctx, run: usize) -> anyhow::Result<RunOut> {
     );
     pal.note("outcomes", json!(outcomes));
     pal.note("lag_records_over_time", json!(thin(&lag, 50)));
-    pal.series = ing.series.clone();
-    let mut raw_case = Case::new("ingest/raw_consume");
-    raw_case.set("records_per_s", raw.rate());
-    raw_case.set("records", f(total));
-    raw_case.set("seconds_first_to_last", raw.elapsed.as_secs_f64());
-    raw_case.set("seconds_to_first_record", raw.to_first.as_secs_f64());
-    raw_case.series = raw.series.clone();
-    raw_case.set("produce_records_per_s", produce_rate);
-    ratio(&mut pal, "ratio_vs_raw_consume", "records_per_s", &raw_case);
     pal.note("broker", json!(broker.kind()));
-    out.cases.push(pal);
-    out.cases.push(raw_case);
+    pal.series = ing.series.clone();
+    let raw_case = raw.map(|raw| {
+        let mut c = Case::new("ingest/raw_consume");
+        c.set("records_per_s", raw.rate());
+        c.set("records", f(total));
+        c.set("seconds_first_to_last", raw.elapsed.as_secs_f64());
+        c.set("seconds_to_first_record", raw.to_first.as_secs_f64());
+        c.series = raw.series.clone();
+        c.set("produce_records_per_s", pre.rate);
+        c
+    });
     target::release_all(&store.url, &held).await;
     store.stop().await?;
-    Ok(out)
+    Ok((pal, raw_case))
 }
 
 /// At most `n` points of a series, evenly spread.
