@@ -193,6 +193,11 @@ impl Sources {
         self.dirty_chains.insert(k);
     }
 
+    /// Whether offsets migrated from layout 2 wait for a topic.
+    pub fn has_legacy(&self) -> bool {
+        !self.legacy.is_empty()
+    }
+
     /// Give the offsets migrated from layout 2 to `topic` (unless it has
     /// its own already), and delete them. Returns how many were given.
     pub fn claim_legacy(&mut self, topic: &str, ops: &mut Ops) -> usize {

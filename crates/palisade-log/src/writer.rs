@@ -417,6 +417,12 @@ impl Sequencer {
                 self.open.ack(ack(reply, r, AppendError::StorageFailed));
             }
             Command::ClaimLegacy { topic, reply } => {
+                if !self.sources.has_legacy() {
+                    // Every start of a consumer asks: no round (and no
+                    // sync) for nothing to claim.
+                    let _ = reply.send(Ok(0));
+                    return;
+                }
                 let n = self.sources.claim_legacy(&topic, &mut self.open.ops);
                 self.open.ack(ack(reply, Ok(n), AppendError::StorageFailed));
             }
