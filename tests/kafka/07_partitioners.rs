@@ -17,7 +17,8 @@
 //! `fencing-token` headers, undecodable JSON, a control character in an
 //! event type, in JSON and, from Python, in a protobuf record)
 //! dead-lettered at its partition and offset; then a second stream,
-//! SIGKILL mid-stream, restart: every record once. Where each record
+//! produced while the store consumes it, SIGKILL mid-stream, restart: every
+//! record once. Where each record
 //! landed is read back from the broker with a plain consumer, and checked
 //! against the partitioner's own rule (CRC32 or murmur2 of the key), so a
 //! test cannot pass with every record in its murmur2 partition by luck.
@@ -113,8 +114,11 @@ fn json_rec(key: &str, token: Option<u64>, value: &Value) -> Rec {
 const PY_PRODUCER: &str = r#"
 import base64, json, sys
 from confluent_kafka import Producer
+PACE_CHUNK = 100
 
+import time
 bootstrap, topic, conf_extra, recs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.load(open(sys.argv[4]))
+pace = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 conf = {"bootstrap.servers": bootstrap, "acks": "all"}
 conf.update(conf_extra)
 p = Producer(conf)
@@ -122,10 +126,13 @@ failed = []
 def done(err, msg):
     if err is not None:
         failed.append(str(err))
-for r in recs:
+for i, r in enumerate(recs):
     p.produce(topic, key=r["key"].encode(), value=base64.b64decode(r["value"]),
               headers=[(k, v) for k, v in r["headers"]], on_delivery=done)
     p.poll(0)
+    if pace and i % PACE_CHUNK == PACE_CHUNK - 1:
+        p.flush(30)
+        time.sleep(pace)
 left = p.flush(60)
 if failed or left:
     sys.exit("delivery failed: %r, %d not delivered" % (failed[:5], left))
@@ -150,9 +157,21 @@ fn b64(data: &[u8]) -> String {
     out
 }
 
+/// Records produced between two pauses of a paced production.
+const PACE_CHUNK: usize = 100;
+/// The pause: 12,000 records take about 6 s, longer than a group join, so
+/// a consumer started with the producer is still behind it when it is
+/// killed, on any broker.
+const PACE: Duration = Duration::from_millis(50);
+
 /// Produce `recs` with the client, in order per header set (kcat takes
-/// one header set per run; records of one twin under one token share one).
+/// one header set per run; records of one twin under one token share one);
+/// with `pace`, `PACE_CHUNK` records at a time with a pause in between.
 fn produce(p: &Producer, topic: &str, recs: &[Rec]) {
+    produce_paced(p, topic, recs, None);
+}
+
+fn produce_paced(p: &Producer, topic: &str, recs: &[Rec], pace: Option<Duration>) {
     match p {
         Producer::Kcat { ld_path } => {
             let mut groups: Vec<(Headers_, Vec<&Rec>)> = Vec::new();
@@ -162,6 +181,8 @@ fn produce(p: &Producer, topic: &str, recs: &[Rec]) {
                     None => groups.push((r.headers.clone(), vec![r])),
                 }
             }
+            // One kcat per header set, all running at once, fed in turn.
+            let mut children = Vec::new();
             for (headers, group) in groups {
                 let mut cmd = Command::new("kcat");
                 // Key and value per line, split at the first tab; no
@@ -182,16 +203,41 @@ fn produce(p: &Producer, topic: &str, recs: &[Rec]) {
                     .stderr(Stdio::piped())
                     .spawn()
                     .expect("run kcat");
-                {
-                    let mut stdin = std::io::BufWriter::new(child.stdin.take().unwrap());
-                    for r in group {
+                let stdin = child.stdin.take().unwrap();
+                children.push((child, Some(stdin), group, 0usize));
+            }
+            // PACE_CHUNK records per pause in all.
+            let per_child = (PACE_CHUNK / children.len().max(1)).max(1);
+            loop {
+                let mut fed = false;
+                for (_, stdin, group, at) in &mut children {
+                    let Some(w) = stdin.as_mut() else { continue };
+                    let end = (*at + per_child).min(group.len());
+                    let mut buf = Vec::new();
+                    for r in &group[*at..end] {
                         assert!(!r.value.contains(&b'\n') && !r.key.contains('\t'));
-                        stdin.write_all(r.key.as_bytes()).unwrap();
-                        stdin.write_all(b"\t").unwrap();
-                        stdin.write_all(&r.value).unwrap();
-                        stdin.write_all(b"\n").unwrap();
+                        buf.extend_from_slice(r.key.as_bytes());
+                        buf.push(b'\t');
+                        buf.extend_from_slice(&r.value);
+                        buf.push(b'\n');
+                    }
+                    w.write_all(&buf).unwrap();
+                    w.flush().unwrap();
+                    *at = end;
+                    fed = true;
+                    if *at == group.len() {
+                        // Closing stdin ends kcat once it delivered all.
+                        *stdin = None;
                     }
                 }
+                if !fed {
+                    break;
+                }
+                if let Some(d) = pace {
+                    std::thread::sleep(d);
+                }
+            }
+            for (child, ..) in children {
                 let out = child.wait_with_output().unwrap();
                 assert!(
                     out.status.success(),
@@ -218,6 +264,7 @@ fn produce(p: &Producer, topic: &str, recs: &[Rec]) {
                 .map(|r| json!({ "key": r.key, "headers": r.headers, "value": b64(&r.value) }))
                 .collect();
             std::fs::write(file.path(), serde_json::to_vec(&list).unwrap()).unwrap();
+            let pace = pace.map_or(0.0, |d| d.as_secs_f64()).to_string();
             let out = Command::new(python)
                 .args([
                     "-c",
@@ -226,6 +273,7 @@ fn produce(p: &Producer, topic: &str, recs: &[Rec]) {
                     topic,
                     &Value::Object(extra).to_string(),
                     &file.path().to_string_lossy(),
+                    &pace,
                 ])
                 .output()
                 .expect("run python");
@@ -518,7 +566,10 @@ async fn scenario(name: &str, producer: Producer, topic_partitions: u32) {
         .collect();
     assert_eq!(dead_letters(&c).await, want_dead);
 
-    // Phase 2: a longer stream, SIGKILL mid-stream, restart.
+    // Phase 2: a longer stream, SIGKILL mid-stream, restart. The stream is
+    // produced, paced, while the store consumes it: a broker that answers a
+    // fetch with all it has (tansu ignores fetch size limits) would let a
+    // store apply a pre-loaded stream whole between two polls of its heads.
     let before: u64 = heads(&c).await.iter().sum();
     s.kill();
     let mut second = Vec::new();
@@ -533,9 +584,12 @@ async fn scenario(name: &str, producer: Producer, topic_partitions: u32) {
             want.get_mut(twin).unwrap().push(id);
         }
     }
-    produce(&producer, &t.topic, &second);
     let total = before + second.len() as u64;
     let s = serve(data, &t, SLOW_FETCH);
+    let producing = {
+        let (producer, topic) = (producer.clone(), t.topic.clone());
+        std::thread::spawn(move || produce_paced(&producer, &topic, &second, Some(PACE)))
+    };
     let start = Instant::now();
     let at_kill = loop {
         let n: u64 = heads(&s.client()).await.iter().sum();
@@ -549,6 +603,7 @@ async fn scenario(name: &str, producer: Producer, topic_partitions: u32) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     s.kill();
+    producing.join().expect("the producer thread");
     let got = histories_offline(data, &twins).await;
     let mut durable = 0;
     for twin in &twins {
@@ -560,6 +615,9 @@ async fn scenario(name: &str, producer: Producer, topic_partitions: u32) {
         );
         durable += h.len() as u64;
     }
+    eprintln!(
+        "{name}: heads showed {at_kill} before the kill, {durable} of {total} events were durable after it"
+    );
     assert!(
         durable >= at_kill,
         "heads showed {at_kill}, {durable} survived the kill"
@@ -568,9 +626,18 @@ async fn scenario(name: &str, producer: Producer, topic_partitions: u32) {
         durable < total,
         "all {total} events were applied before the kill; it must land mid-stream"
     );
-    eprintln!("{name}: kill after {durable} of {total} events were durable");
 
-    let s = serve(data, &t, &[]);
+    // A new consumer group: the store resumes from the offsets stored with
+    // its data, never the group's (a group that started from the beginning
+    // would show as `already_applied` below). In the killed process's group,
+    // the restart got no record for over 120 s on tansu 0.6 in 4 of 5 runs
+    // (one of the 4 tests each time; never on the mock broker; also with
+    // max.poll.interval.ms=10000): not diagnosed, see tests/kafka/README.md.
+    let after_kill = TestTopic {
+        topic: t.topic.clone(),
+        group: format!("{}-after-kill", t.group),
+    };
+    let s = serve(data, &after_kill, &[]);
     let c = s.client();
     let left = total - durable;
     let o = wait_handled(&c, left, Duration::from_secs(120)).await;
