@@ -95,6 +95,8 @@ pub enum LeaseOpError {
 pub enum OpenError {
     #[error("cannot open the sled database at {path}: {source}. If the process was killed, see docs/operations.md (recovery)")]
     Sled { path: String, source: sled::Error },
+    #[error("the data folder {path} is in use: another process (or a store not yet released in this one) holds sled's lock on its db file; waited {waited_ms} ms. Stop the other `palisade serve` first")]
+    InUse { path: String, waited_ms: u64 },
     #[error("the store at {path} was created with {stored} partitions; it cannot be opened with {requested} (the partition of a twin depends on the count)")]
     PartitionCount {
         path: String,

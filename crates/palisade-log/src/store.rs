@@ -118,14 +118,13 @@ impl Store {
                 });
             }
         }
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(config.cache_bytes)
-            // The store makes sled durable itself (checkpoints, commit.rs):
-            // sled's own flusher only adds syncs competing with the log's.
-            .flush_every_ms(None)
-            .open()
-            .map_err(sled_err)?;
+        let db = open_sled(path, config.cache_bytes).map_err(|e| match e {
+            SledOpen::InUse => OpenError::InUse {
+                path: shown.clone(),
+                waited_ms: LOCK_WAIT.as_millis() as u64,
+            },
+            SledOpen::Other(e) => sled_err(e),
+        })?;
         let meta = db.open_tree("meta").map_err(sled_err)?;
         // The layout found: this build's, or the one it migrates from once
         // the log is replayed (below).
@@ -710,6 +709,49 @@ impl Store {
             );
         }
     }
+}
+
+/// How long [`Store::open`] waits for sled's lock on its `db` file. A store
+/// closed in this process a moment ago may still hold it: sled finishes its
+/// last writes and truncations on its own thread pool, whose jobs keep the
+/// file open for a while after the last handle is dropped (seen as a failed
+/// reopen in CI). Another process holding the folder is refused after it.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+enum SledOpen {
+    /// sled's lock on the `db` file is held (by another process, or still
+    /// by this one's previous handle).
+    InUse,
+    Other(sled::Error),
+}
+
+fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, SledOpen> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let r = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_bytes)
+            // The store makes sled durable itself (checkpoints, commit.rs):
+            // sled's own flusher only adds syncs competing with the log's.
+            .flush_every_ms(None)
+            .open();
+        match r {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(e)) if is_lock_held(&e) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(SledOpen::InUse);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(SledOpen::Other(e)),
+        }
+    }
+}
+
+/// sled 0.34 reports a held lock as an `Other` I/O error whose text starts
+/// so (`config.rs`, `try_lock`), wrapping the `WouldBlock` of `flock`.
+fn is_lock_held(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Other && e.to_string().starts_with("could not acquire lock")
 }
 
 /// How long [`Store::close`] waits for the last round and checkpoint.

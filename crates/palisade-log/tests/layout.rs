@@ -300,3 +300,33 @@ fn a_layout_1_store_is_refused_at_open() {
         other => panic!("expected a format error, got {other:?}"),
     }
 }
+
+/// A folder whose sled lock is held is refused with `InUse` (not a raw sled
+/// error) once the bounded wait is over; a lock released within the wait (a
+/// store closed a moment ago whose sled jobs still hold the file: seen as a
+/// failed reopen in CI) is waited for.
+#[tokio::test]
+async fn a_held_folder_is_waited_for_then_refused_as_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), cfg()).unwrap();
+    let started = std::time::Instant::now();
+    match Store::open(dir.path(), cfg()) {
+        Err(e @ OpenError::InUse { .. }) => {
+            assert!(e.to_string().contains("in use"), "{e}");
+            assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+        }
+        other => panic!("expected InUse, got {other:?}"),
+    }
+    store.close().await;
+    drop(store);
+
+    // Held by a raw sled handle released 300 ms later, on another thread.
+    let holder = sled::open(dir.path()).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(holder);
+    });
+    let store = Store::open(dir.path(), cfg()).expect("the released lock is waited for");
+    release.join().unwrap();
+    store.close().await;
+}
