@@ -197,17 +197,20 @@ pub(crate) struct TokenRefusedError {
     scope: Option<String>,
 }
 
-/// `412 version_mismatch`: `If-Match` does not name the twin's version.
-#[allow(dead_code)] // schema only: built in `error.rs`
+/// `412 version_mismatch`: `If-Match` does not name the twin's version; or
+/// `412 weak_if_match`: `If-Match` is a weak tag (`W/"12"`), which never
+/// matches under the strong comparison an append needs (no `expected`,
+/// `current`).
+#[allow(dead_code)] // schema only: built in `error.rs` and `routes.rs`
 #[derive(ToSchema)]
 pub(crate) struct VersionMismatchError {
-    /// `version_mismatch`.
+    /// `version_mismatch` or `weak_if_match`.
     error: String,
     message: String,
-    /// The version in `If-Match`.
-    expected: u64,
-    /// The twin's version.
-    current: u64,
+    /// The version in `If-Match` (`version_mismatch` only).
+    expected: Option<u64>,
+    /// The twin's version (`version_mismatch` only).
+    current: Option<u64>,
 }
 
 /// `422 clock_drift`: the event's HLC is too far ahead of the store's clock.
