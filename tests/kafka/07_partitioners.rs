@@ -360,15 +360,6 @@ async fn histories_offline(data: &Path, twins: &[String]) -> BTreeMap<String, Ve
     out
 }
 
-/// Consumer settings that keep each fetch to a few records (as
-/// `03_restart_exactly_once.rs`), so the kill lands mid-stream.
-const SLOW_FETCH: &[&str] = &[
-    "--kafka-setting",
-    "max.partition.fetch.bytes=512",
-    "--kafka-setting",
-    "queued.min.messages=1",
-];
-
 const TWINS: usize = 6;
 const FRESH: usize = 3;
 /// Records per twin in the second stream: 12,000 in all, as in
@@ -585,23 +576,36 @@ async fn scenario(name: &str, producer: Producer, topic_partitions: u32) {
         }
     }
     let total = before + second.len() as u64;
-    let s = serve(data, &t, SLOW_FETCH);
+    let s = serve(data, &t, &[]);
+    // A first chunk, then (once it is applied: the consumer is live) the
+    // rest, paced, in the background; a consumer that joined only after a
+    // paced stream was all produced would get it whole (seen on tansu).
+    let rest = second.split_off(PACE_CHUNK);
+    produce(&producer, &t.topic, &second);
+    let primed = before + second.len() as u64;
+    let progress_past = |above: u64| {
+        let c = s.client();
+        async move {
+            let start = Instant::now();
+            loop {
+                let n: u64 = heads(&c).await.iter().sum();
+                if n > above {
+                    break n;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(90),
+                    "no progress past {n} (waiting for {above})"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    progress_past(primed - 1).await;
     let producing = {
         let (producer, topic) = (producer.clone(), t.topic.clone());
-        std::thread::spawn(move || produce_paced(&producer, &topic, &second, Some(PACE)))
+        std::thread::spawn(move || produce_paced(&producer, &topic, &rest, Some(PACE)))
     };
-    let start = Instant::now();
-    let at_kill = loop {
-        let n: u64 = heads(&s.client()).await.iter().sum();
-        if n > before + 50 {
-            break n;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "no progress past {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let at_kill = progress_past(primed + 50).await;
     s.kill();
     producing.join().expect("the producer thread");
     let got = histories_offline(data, &twins).await;
