@@ -79,7 +79,7 @@ impl Cluster {
             .args(["--etcd-prefix", &self.prefix, "--cluster-node", &n.id])
             .env(
                 "RUST_LOG",
-                "warn,palisade::cluster=info,palisade_kafka::cluster=info",
+                "warn,palisade_server::cluster=info,palisade_kafka::cluster=info",
             )
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())

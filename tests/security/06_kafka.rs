@@ -7,8 +7,8 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use palisade::core::{FencingToken, NewEvent, TwinId};
-use palisade::security::KafkaAuth;
 use palisade_kafka::{IngestConfig, Ingester, Publisher};
+use palisade_server::security::KafkaAuth;
 use rdkafka::mocking::MockCluster;
 use serde_json::{json, Value};
 

@@ -11,16 +11,14 @@
 //! the flag. See `docs/decisions/0007-config-file.md`.
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, FromArgMatches};
+use clap::ArgMatches;
 use serde::Deserialize;
 
-use super::{out, CheckArgs, Failure};
 use crate::config::{ServeArgs, ServeConfig};
 
 /// Every key of the file: the ids of [`ServeConfig`]'s arguments.
@@ -325,7 +323,7 @@ pub fn values(c: &ServeConfig) -> Vec<(&'static str, Option<toml::Value>)> {
 }
 
 /// What an unset optional key means.
-fn unset_note(key: &str) -> &'static str {
+pub fn unset_note(key: &str) -> &'static str {
     match key {
         "partitions" => "a new store gets 16; an existing store keeps its count",
         "kafka_brokers" => "no Kafka ingestion",
@@ -339,68 +337,12 @@ fn unset_note(key: &str) -> &'static str {
     }
 }
 
-/// `palisade config check [--config FILE]`: the settings `palisade serve
-/// --config FILE` would run with (this environment, no flags), validated.
-pub(crate) fn check(a: &CheckArgs) -> Result<(), Failure> {
-    let mut argv: Vec<OsString> = vec!["serve".into()];
-    if let Some(p) = &a.config {
-        argv.extend(["--config".into(), p.clone().into_os_string()]);
-    }
-    let cmd = ServeArgs::augment_args(clap::Command::new("serve"));
-    let m = cmd
-        .try_get_matches_from(argv)
-        .map_err(|e| Failure::Invalid(e.to_string().trim_end().to_owned()))?;
-    let args = ServeArgs::from_arg_matches(&m)
-        .map_err(|e| Failure::Invalid(e.to_string().trim_end().to_owned()))?;
-    let r = resolve(args, &m).map_err(Failure::Invalid)?;
-    r.config.validate().map_err(Failure::Invalid)?;
-    // The security file, TLS files and bind policy, as `serve` checks them.
-    crate::security::prepare(&r.config).map_err(|e| Failure::Invalid(format!("{e:#}")))?;
-    let file = r.file.as_ref().map(|p| p.display().to_string());
-    if a.json {
-        let settings: serde_json::Map<String, serde_json::Value> = values(&r.config)
-            .into_iter()
-            .map(|(k, v)| {
-                let source = r.sources.get(k).copied().unwrap_or(Source::Unset);
-                let value = v.map_or(serde_json::Value::Null, |v| {
-                    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
-                });
-                (
-                    k.to_owned(),
-                    serde_json::json!({ "value": value, "source": source.name() }),
-                )
-            })
-            .collect();
-        let doc = serde_json::json!({ "ok": true, "config_file": file, "settings": settings });
-        return out(doc);
-    }
-    match &file {
-        Some(f) => out(format!("{f}: OK")),
-        None => out("no config file (--config or PALISADE_CONFIG): checked the environment and the defaults"),
-    }?;
-    out("# effective settings for `palisade serve` (flag > environment > file > default)")?;
-    let env = |k: &str| format!("PALISADE_{}", k.to_uppercase());
-    for (k, v) in values(&r.config) {
-        let source = r.sources.get(k).copied().unwrap_or(Source::Unset);
-        let line = match v {
-            Some(v) => {
-                let from = match source {
-                    Source::Env => format!("env {}", env(k)),
-                    other => other.name().to_owned(),
-                };
-                format!("{:<40} # {from}", format!("{k} = {v}"))
-            }
-            None => format!("# {k}: unset ({})", unset_note(k)),
-        };
-        out(line)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{Args, FromArgMatches};
     use std::collections::BTreeSet;
+    use std::ffi::OsString;
 
     fn arg_ids() -> BTreeSet<String> {
         ServeConfig::augment_args(clap::Command::new("t"))
@@ -411,7 +353,7 @@ mod tests {
 
     /// The example file with its `# key = value` lines uncommented.
     fn example_uncommented() -> String {
-        include_str!("../../palisade.example.toml")
+        include_str!("../../../../palisade.example.toml")
             .lines()
             .map(|l| match l.strip_prefix("# ") {
                 Some(rest)
@@ -455,7 +397,7 @@ mod tests {
         let f = FileConfig::parse(&text).unwrap();
         assert!(f.partitions.is_some() && f.kafka_settings.is_some_and(|m| !m.is_empty()));
         // As shipped (all commented out) it is valid too and sets nothing.
-        let shipped = FileConfig::parse(include_str!("../../palisade.example.toml")).unwrap();
+        let shipped = FileConfig::parse(include_str!("../../../../palisade.example.toml")).unwrap();
         assert!(shipped.data.is_none() && shipped.partitions.is_none());
     }
 

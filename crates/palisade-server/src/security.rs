@@ -1,8 +1,7 @@
 //! `palisade serve`'s security at start-up: the `--security` file
 //! (principals, roles, limits), TLS (`--tls-cert`/`--tls-key`), and the bind
 //! policy: without authentication the store serves loopback only, unless
-//! `--insecure` says otherwise, loudly. Also `palisade auth mint-key`.
-//! See docs/security.md.
+//! `--insecure` says otherwise, loudly. See docs/security.md.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,7 +9,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
 use palisade_http::{HttpConfig, Security, SecurityFile};
 use palisade_log::Store;
 use tokio::net::TcpListener;
@@ -267,86 +265,6 @@ impl ServeSecurity {
     }
 }
 
-/// An HTTP client builder for the CLI: `Authorization: Bearer <api_key>` on
-/// every request, and `ca_cert` (PEM) as the only trusted root for HTTPS
-/// (the CLI trusts no built-in roots).
-pub fn http_builder(
-    api_key: Option<&str>,
-    ca_cert: Option<&Path>,
-) -> Result<reqwest::ClientBuilder, String> {
-    let mut b = reqwest::Client::builder();
-    if let Some(key) = api_key {
-        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.trim()))
-            .map_err(|_| "--api-key: not a valid header value".to_owned())?;
-        v.set_sensitive(true);
-        let mut h = reqwest::header::HeaderMap::new();
-        h.insert(reqwest::header::AUTHORIZATION, v);
-        b = b.default_headers(h);
-    }
-    if let Some(path) = ca_cert {
-        let pem = std::fs::read(path).map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
-        let cert = reqwest::Certificate::from_pem(&pem)
-            .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
-        b = b.add_root_certificate(cert);
-    }
-    Ok(b)
-}
-
-/// `palisade auth ...`: API keys for the security file.
-#[derive(Debug, Subcommand)]
-pub enum AuthCommand {
-    /// Mint a new API key and print it with its SHA-256. The security file
-    /// keeps only the hash; give the key to the principal and keep no copy.
-    MintKey {
-        /// The principal's name, to print a ready `[[principals]]` entry.
-        #[arg(long)]
-        name: Option<String>,
-        /// Print `{"key": ..., "key_sha256": ...}`.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Print the SHA-256 of a key read from stdin (one line).
-    HashKey,
-}
-
-pub fn auth_command(cmd: AuthCommand) -> anyhow::Result<()> {
-    match cmd {
-        AuthCommand::MintKey { name, json } => {
-            let (key, hash) = palisade_http::auth::mint_key().map_err(anyhow::Error::msg)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "key": key, "key_sha256": hash, "name": name })
-                );
-            } else {
-                println!("key:        {key}");
-                println!("key_sha256: {hash}");
-                println!();
-                println!("# for the security file (the key itself goes to the principal only):");
-                println!("[[principals]]");
-                println!(
-                    "name = {}",
-                    serde_json::Value::String(name.unwrap_or_else(|| "worker-a".into()))
-                );
-                println!("key_sha256 = \"{hash}\"");
-                println!("roles = [\"worker\"]");
-            }
-        }
-        AuthCommand::HashKey => {
-            let mut line = String::new();
-            std::io::stdin()
-                .read_line(&mut line)
-                .context("cannot read the key from stdin")?;
-            let key = line.trim_end_matches(['\r', '\n']);
-            if key.is_empty() {
-                bail!("no key on stdin");
-            }
-            println!("{}", palisade_http::auth::hash_key(key));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -355,7 +273,7 @@ mod tests {
     #[test]
     fn the_example_security_file_parses_and_turns_authentication_on() {
         let f: SecurityFile =
-            toml::from_str(include_str!("../palisade.security.example.toml")).unwrap();
+            toml::from_str(include_str!("../../../palisade.security.example.toml")).unwrap();
         let s = Security::from_file(&f).unwrap();
         let auth = s.auth.unwrap();
         assert_eq!(auth.principals().count(), 2);

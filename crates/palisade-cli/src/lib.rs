@@ -1,7 +1,8 @@
 //! The client side of the `palisade` binary: `lease`, `append`, `get`,
 //! `events`, `tail`, `partitions` (over the HTTP API, built on
-//! `palisade-client`), and `config check` / `serve --config` (TOML settings
-//! for `palisade serve`).
+//! `palisade-client`), `publish` (one event to Kafka), `config check` (the
+//! settings `palisade serve` would run with) and `auth` (API keys for the
+//! security file).
 //!
 //! Every flag is also a `PALISADE_*` environment variable. Output is a short
 //! readable line or table by default; `--json` prints one JSON document (one
@@ -14,7 +15,7 @@
 //! so `PALISADE_TWIN` set for `append` does not break `tail --partition 3`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::builder::BoolishValueParser;
@@ -23,11 +24,11 @@ use clap::{ArgGroup, ArgMatches, Args, Subcommand};
 use palisade_client::ClientError;
 use serde_json::{json, Value};
 
+pub mod auth;
 mod commands;
-pub mod config_file;
+mod config_check;
+pub mod publish;
 mod tail;
-
-pub use config_file::serve;
 
 /// The exit codes of every `palisade` command (shown by `palisade --help`).
 pub const EXIT_CODES: &str = "\
@@ -40,7 +41,7 @@ Exit codes:
 
 Client commands talk to --url (PALISADE_URL, default http://127.0.0.1:7070).";
 
-/// The client subcommands, flattened into [`crate::config::Command`].
+/// The client subcommands, flattened into the `palisade` binary's commands.
 #[derive(Debug, Subcommand)]
 pub enum CliCommand {
     /// Take, renew or release a lease (its fencing token guards your writes).
@@ -258,7 +259,7 @@ pub async fn run(cmd: CliCommand, top: &ArgMatches) -> ExitCode {
         CliCommand::Events(a) => commands::events(a).await,
         CliCommand::Tail(a) => tail::tail(a, m).await,
         CliCommand::Partitions(a) => commands::partitions(a).await,
-        CliCommand::Config(ConfigCommand::Check(a)) => config_file::check(&a),
+        CliCommand::Config(ConfigCommand::Check(a)) => config_check::check(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -487,6 +488,31 @@ impl Table {
     pub(crate) fn print(&self) -> Result<(), Failure> {
         self.render().into_iter().try_for_each(out)
     }
+}
+
+/// An HTTP client builder for the CLI: `Authorization: Bearer <api_key>` on
+/// every request, and `ca_cert` (PEM) as the only trusted root for HTTPS
+/// (the CLI trusts no built-in roots).
+pub(crate) fn http_builder(
+    api_key: Option<&str>,
+    ca_cert: Option<&Path>,
+) -> Result<reqwest::ClientBuilder, String> {
+    let mut b = reqwest::Client::builder();
+    if let Some(key) = api_key {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+            .map_err(|_| "--api-key: not a valid header value".to_owned())?;
+        v.set_sensitive(true);
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::AUTHORIZATION, v);
+        b = b.default_headers(h);
+    }
+    if let Some(path) = ca_cert {
+        let pem = std::fs::read(path).map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+        let cert = reqwest::Certificate::from_pem(&pem)
+            .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+        b = b.add_root_certificate(cert);
+    }
+    Ok(b)
 }
 
 /// An error and its sources, for people (`reqwest`'s own text is terse).

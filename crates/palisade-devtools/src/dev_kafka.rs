@@ -17,12 +17,14 @@
 //! `rdkafka::mocking::MockCluster` is not `Send`: it lives in this future,
 //! which `main` drives with `block_on` on the main thread, and is never moved.
 
+use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use clap::Args;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -30,7 +32,35 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use tracing::{info, warn};
 
-use crate::config::DevKafkaConfig;
+/// `palisade dev-kafka` settings: librdkafka's mock cluster, served on
+/// loopback to other processes. For trying things out and tests only, never
+/// for production (no persistence, no security, librdkafka's test broker).
+#[derive(Debug, Clone, Args)]
+pub struct DevKafkaConfig {
+    /// Number of mock brokers (1..=16).
+    #[arg(long, env = "PALISADE_DEV_KAFKA_BROKERS", default_value_t = 1)]
+    pub brokers: u32,
+    /// Pre-create a topic, as NAME:PARTITIONS (repeatable; env: comma separated).
+    /// Topics auto-created on first use get 4 partitions.
+    #[arg(
+        long = "topic",
+        value_name = "NAME:PARTITIONS",
+        env = "PALISADE_DEV_KAFKA_TOPICS",
+        value_delimiter = ','
+    )]
+    pub topics: Vec<String>,
+    /// A file polled while running: each new line `NAME:PARTITIONS` creates a
+    /// topic (how `scripts/kafka-broker topic` adds topics to a running cluster).
+    #[arg(long, value_name = "FILE", env = "PALISADE_DEV_KAFKA_CONTROL")]
+    pub control_file: Option<PathBuf>,
+    /// Start no cluster: fetch metadata from the broker(s) at this bootstrap
+    /// address, print brokers and topics, exit 0 if it answered (for scripts).
+    #[arg(long, value_name = "BOOTSTRAP")]
+    pub probe: Option<String>,
+    /// How long --probe waits for an answer, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub probe_timeout_ms: u64,
+}
 
 /// Most brokers `--brokers` accepts (the mock cluster is one thread; more is pointless).
 const MAX_BROKERS: u32 = 16;
@@ -84,7 +114,9 @@ impl std::str::FromStr for TopicSpec {
     }
 }
 
-pub async fn run(config: DevKafkaConfig) -> anyhow::Result<()> {
+/// Serve the mock cluster until `shutdown` resolves (the binary passes
+/// SIGTERM or Ctrl-C), or probe a broker (`--probe`).
+pub async fn run(config: DevKafkaConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     if let Some(bootstrap) = config.probe.clone() {
         return probe(bootstrap, Duration::from_millis(config.probe_timeout_ms)).await;
     }
@@ -127,7 +159,6 @@ pub async fn run(config: DevKafkaConfig) -> anyhow::Result<()> {
     out.flush()?;
     drop(out);
 
-    let shutdown = crate::serve::shutdown_signal();
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(CONTROL_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -12,6 +12,7 @@
 //! unexpectedly or the churn check found a stale write.
 
 mod churn;
+pub mod config;
 mod kafka;
 mod load;
 mod plot;
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::config::{BenchConfig, BenchScenario};
+pub use config::{BenchConfig, BenchScenario};
 use load::{Events, Window};
 use plot::{Chart, Series};
 use stats::{Case, Summary};

@@ -17,16 +17,16 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
     // Before anything opens files: idle clients must not be what runs the
-    // store out of descriptors (src/fd_limit.rs).
+    // store out of descriptors (fd_limit.rs).
     let fd_limit = crate::fd_limit::raise();
-    // Security file, TLS and the bind policy (src/security.rs): checked
+    // Security file, TLS and the bind policy (security.rs): checked
     // before anything is created, so a refused start changes nothing.
     let security = crate::security::prepare(&config)?;
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     let store = Arc::new(Store::open(&config.data, config.store_config())?);
     let etcd = crate::cluster::bind_lease_backend(&store, &config).await?;
-    // Cluster mode (src/cluster.rs): leases, appends and reads go through the node.
+    // Cluster mode (cluster.rs): leases, appends and reads go through the node.
     let node = match (&config.cluster_node, etcd) {
         (Some(_), Some(etcd)) => {
             Some(crate::cluster::Node::start(store.clone(), &config, etcd).await?)
@@ -122,7 +122,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-pub(crate) async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

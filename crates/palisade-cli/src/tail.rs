@@ -57,7 +57,7 @@ pub(crate) async fn tail(a: TailArgs, m: &ArgMatches) -> Result<(), Failure> {
         Source::Partition(p) => s.url(&["v1", "partitions", &p.to_string(), "watch"])?,
     };
     // No overall timeout for the stream, only an idle one.
-    let http = crate::security::http_builder(a.conn.api_key.as_deref(), a.conn.ca_cert.as_deref())
+    let http = crate::http_builder(a.conn.api_key.as_deref(), a.conn.ca_cert.as_deref())
         .map_err(Failure::Usage)?
         .connect_timeout(palisade_client::CONNECT_TIMEOUT)
         .read_timeout(IDLE)

@@ -24,7 +24,7 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) fn new(conn: &Conn) -> Result<Self, Failure> {
-        let http = crate::security::http_builder(conn.api_key.as_deref(), conn.ca_cert.as_deref())
+        let http = crate::http_builder(conn.api_key.as_deref(), conn.ca_cert.as_deref())
             .map_err(Failure::Usage)?
             .connect_timeout(palisade_client::CONNECT_TIMEOUT)
             .timeout(palisade_client::REQUEST_TIMEOUT)
