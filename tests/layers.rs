@@ -3,8 +3,8 @@
 //! every dependency between the workspace's crates is in the table below,
 //! and the production server (`palisade-server`) pulls in no benchmark,
 //! client-command or dev-tool crate, and no PostgreSQL, plotting or
-//! histogram crate. Read from `cargo metadata`, so a new `[dependencies]`
-//! line that breaks the picture fails here.
+//! histogram crate. Read from `cargo metadata` and `cargo tree`, so a new
+//! `[dependencies]` line that breaks the picture fails here.
 //!
 //! Guards against: a layer reaching up (the log depending on HTTP, the SDK
 //! on the store), the benchmark harness or its dependencies creeping back
@@ -21,7 +21,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("palisade-core", &[]),
     ("palisade-lease", &["palisade-core"]),
     ("palisade-twin", &["palisade-core"]),
-    ("palisade-log", &["palisade-core", "palisade-lease", "palisade-twin"]),
+    (
+        "palisade-log",
+        &["palisade-core", "palisade-lease", "palisade-twin"],
+    ),
     ("palisade-etcd", &["palisade-core", "palisade-lease"]),
     ("palisade-kafka", &["palisade-core", "palisade-log"]),
     (
@@ -99,98 +102,69 @@ const NOT_IN_SERVER: &[&str] = &[
     "criterion",
 ];
 
-fn metadata() -> Value {
+fn cargo(args: &[&str]) -> Vec<u8> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
-        .expect("run cargo metadata");
+        .expect("run cargo");
     assert!(
         out.status.success(),
-        "cargo metadata failed: {}",
+        "cargo {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("cargo metadata JSON")
+    out.stdout
 }
 
-fn workspace_names(m: &Value) -> BTreeMap<String, String> {
-    let members: BTreeSet<&str> = m["workspace_members"]
-        .as_array()
-        .unwrap()
+/// Each workspace crate's normal (non-dev, non-build) dependencies on other
+/// workspace crates, as declared in its `Cargo.toml`.
+fn workspace_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let m: Value = serde_json::from_slice(&cargo(&[
+        "metadata",
+        "--format-version",
+        "1",
+        "--no-deps",
+        "--offline",
+    ]))
+    .expect("cargo metadata JSON");
+    let packages = m["packages"].as_array().unwrap();
+    let names: BTreeSet<&str> = packages
         .iter()
-        .map(|v| v.as_str().unwrap())
+        .map(|p| p["name"].as_str().unwrap())
         .collect();
-    m["packages"]
-        .as_array()
-        .unwrap()
+    packages
         .iter()
-        .filter(|p| members.contains(p["id"].as_str().unwrap()))
         .map(|p| {
-            (
-                p["id"].as_str().unwrap().to_owned(),
-                p["name"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
-
-/// The normal (non-dev, non-build) dependencies of each package, from the
-/// resolved graph: package id -> dependency ids.
-fn normal_deps(m: &Value) -> BTreeMap<String, Vec<String>> {
-    m["resolve"]["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| {
-            let deps = n["deps"]
+            let deps = p["dependencies"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter(|d| {
-                    d["dep_kinds"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|k| k["kind"].is_null())
-                })
-                .map(|d| d["pkg"].as_str().unwrap().to_owned())
+                .filter(|d| d["kind"].is_null())
+                .map(|d| d["name"].as_str().unwrap())
+                .filter(|n| names.contains(n))
+                .map(str::to_owned)
                 .collect();
-            (n["id"].as_str().unwrap().to_owned(), deps)
+            (p["name"].as_str().unwrap().to_owned(), deps)
         })
         .collect()
-}
-
-fn package_name(m: &Value, id: &str) -> String {
-    m["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == id)
-        .map(|p| p["name"].as_str().unwrap().to_owned())
-        .unwrap_or_else(|| id.to_owned())
 }
 
 #[test]
 fn dependencies_between_crates_point_one_way() {
-    let m = metadata();
-    let names = workspace_names(&m);
-    let deps = normal_deps(&m);
     let allowed: BTreeMap<&str, BTreeSet<&str>> = ALLOWED
         .iter()
         .map(|(c, d)| (*c, d.iter().copied().collect()))
         .collect();
     let mut wrong = Vec::new();
-    for (id, name) in &names {
+    for (name, deps) in workspace_edges() {
         let Some(ok) = allowed.get(name.as_str()) else {
             wrong.push(format!("{name}: a crate the table does not list"));
             continue;
         };
-        for dep in &deps[id] {
-            if let Some(dep_name) = names.get(dep) {
-                if !ok.contains(dep_name.as_str()) {
-                    wrong.push(format!("{name} -> {dep_name}"));
-                }
+        for dep in deps {
+            if !ok.contains(dep.as_str()) {
+                wrong.push(format!("{name} -> {dep}"));
             }
         }
     }
@@ -202,22 +176,22 @@ fn dependencies_between_crates_point_one_way() {
 
 #[test]
 fn the_server_has_no_benchmark_client_or_postgres_crates() {
-    let m = metadata();
-    let names = workspace_names(&m);
-    let deps = normal_deps(&m);
-    let server = names
-        .iter()
-        .find(|(_, n)| n.as_str() == "palisade-server")
-        .map(|(id, _)| id.clone())
-        .expect("palisade-server is a workspace member");
-    let mut seen = BTreeSet::new();
-    let mut todo = vec![server];
-    while let Some(id) = todo.pop() {
-        if seen.insert(id.clone()) {
-            todo.extend(deps[&id].iter().cloned());
-        }
-    }
-    let tree: BTreeSet<String> = seen.iter().map(|id| package_name(&m, id)).collect();
+    // `cargo tree` resolves for this platform, normal dependencies only.
+    let out = cargo(&[
+        "tree",
+        "-p",
+        "palisade-server",
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--offline",
+    ]);
+    let tree: BTreeSet<String> = String::from_utf8_lossy(&out)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
     assert!(tree.contains("sled") && tree.contains("axum"), "{tree:?}");
     let found: Vec<&&str> = NOT_IN_SERVER
         .iter()
