@@ -5,8 +5,9 @@
 //!
 //! Every case runs through every way a setting arrives: a `serve` flag, a
 //! `PALISADE_*` variable (`serve` and `config check`) and a config file
-//! (`serve --config` and `config check --config`); the file's values skip
-//! clap's parsers, so they test `ServeConfig::validate` on its own.
+//! (`serve --config` and `config check --config`); a file's values go
+//! through the same clap parsers as flags (config/file.rs), so each case
+//! also checks that the file layer names the key it refuses.
 
 use std::io::Read;
 use std::path::Path;

@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 
 use clap::{Args, FromArgMatches};
-use palisade_server::config::file::{resolve, unset_note, values, Source};
+use palisade_server::config::file::{resolve, settings, unset_note, Source};
 use palisade_server::ServeArgs;
 
 use crate::{out, CheckArgs, Failure};
@@ -23,23 +23,24 @@ pub(crate) fn check(a: &CheckArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Invalid(e.to_string().trim_end().to_owned()))?;
     let args = ServeArgs::from_arg_matches(&m)
         .map_err(|e| Failure::Invalid(e.to_string().trim_end().to_owned()))?;
-    let r = resolve(args, &m).map_err(Failure::Invalid)?;
-    r.config.validate().map_err(Failure::Invalid)?;
+    let r = resolve(args, &m).map_err(|e| Failure::Invalid(e.to_string()))?;
+    r.config
+        .validate()
+        .map_err(|e| Failure::Invalid(e.to_string()))?;
     // The security file, TLS files and bind policy, as `serve` checks them.
     palisade_server::security::prepare(&r.config)
         .map_err(|e| Failure::Invalid(format!("{e:#}")))?;
     let file = r.file.as_ref().map(|p| p.display().to_string());
     if a.json {
-        let settings: serde_json::Map<String, serde_json::Value> = values(&r.config)
+        let settings: serde_json::Map<String, serde_json::Value> = settings(&r)
             .into_iter()
-            .map(|(k, v)| {
-                let source = r.sources.get(k).copied().unwrap_or(Source::Unset);
-                let value = v.map_or(serde_json::Value::Null, |v| {
+            .map(|s| {
+                let value = s.value.map_or(serde_json::Value::Null, |v| {
                     serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
                 });
                 (
-                    k.to_owned(),
-                    serde_json::json!({ "value": value, "source": source.name() }),
+                    s.key,
+                    serde_json::json!({ "value": value, "source": s.source.name() }),
                 )
             })
             .collect();
@@ -51,14 +52,13 @@ pub(crate) fn check(a: &CheckArgs) -> Result<(), Failure> {
         None => out("no config file (--config or PALISADE_CONFIG): checked the environment and the defaults"),
     }?;
     out("# effective settings for `palisade serve` (flag > environment > file > default)")?;
-    let env = |k: &str| format!("PALISADE_{}", k.to_uppercase());
-    for (k, v) in values(&r.config) {
-        let source = r.sources.get(k).copied().unwrap_or(Source::Unset);
-        let line = match v {
+    for s in settings(&r) {
+        let k = &s.key;
+        let line = match s.value {
             Some(v) => {
-                let from = match source {
-                    Source::Env => format!("env {}", env(k)),
-                    other => other.name().to_owned(),
+                let from = match (s.source, &s.env) {
+                    (Source::Env, Some(var)) => format!("env {var}"),
+                    (other, _) => other.name().to_owned(),
                 };
                 format!("{:<40} # {from}", format!("{k} = {v}"))
             }

@@ -1,5 +1,10 @@
-//! `palisade serve`'s configuration: command line and environment (one
-//! clap `Config`), and a TOML file ([`file`]).
+//! `palisade serve`'s configuration, defined once: [`ServeConfig`]'s fields
+//! are the settings. Each field's clap attributes give its flag, its
+//! `PALISADE_*` variable, its default and its value parser ([`bounds`]); the
+//! TOML file ([`file`]) takes the same keys and hands its values to the same
+//! parsers; `palisade config check` prints them by serializing the struct.
+//! [`ServeConfig::validate`] checks the rules across settings and returns the
+//! [`Mode`] the server runs in.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,11 +26,13 @@ pub struct ServeArgs {
     pub settings: ServeConfig,
 }
 
-/// `palisade serve` settings; every flag is also an environment variable.
-#[derive(Debug, Clone, Args)]
+/// `palisade serve` settings; every flag is also an environment variable
+/// (`PALISADE_` + the key in capitals) and a key of the config file (the
+/// field name). Serialized, it is the TOML `palisade config check` prints.
+#[derive(Debug, Clone, Args, serde::Serialize)]
 pub struct ServeConfig {
     /// Folder of the store (created if missing).
-    #[arg(long, env = "PALISADE_DATA", default_value = "palisade-data")]
+    #[arg(long, env = "PALISADE_DATA", default_value = "palisade-data", value_parser = bounds::folder)]
     pub data: PathBuf,
     /// Address to listen on. Port 0 picks a free port; the chosen address is printed.
     #[arg(long, env = "PALISADE_LISTEN", default_value = "127.0.0.1:7070")]
@@ -92,16 +99,16 @@ pub struct ServeConfig {
     /// and ingests the topic: each record is applied to its twin's
     /// partition, whichever partition of the topic it is in (any producer
     /// partitioner, any partition count; see --kafka-strict-partitioning).
-    #[arg(long, env = "PALISADE_KAFKA_BROKERS")]
+    #[arg(long, env = "PALISADE_KAFKA_BROKERS", value_parser = bounds::text)]
     pub kafka_brokers: Option<String>,
     /// Topic of twin events.
-    #[arg(long, env = "PALISADE_KAFKA_TOPIC", default_value = "twin-events")]
+    #[arg(long, env = "PALISADE_KAFKA_TOPIC", default_value = "twin-events", value_parser = bounds::topic)]
     pub kafka_topic: String,
     /// Consumer group id.
-    #[arg(long, env = "PALISADE_KAFKA_GROUP", default_value = "palisade")]
+    #[arg(long, env = "PALISADE_KAFKA_GROUP", default_value = "palisade", value_parser = bounds::text)]
     pub kafka_group: String,
     /// Also copy dead-lettered records to this topic (they are always kept in the store).
-    #[arg(long, env = "PALISADE_KAFKA_DEAD_LETTER_TOPIC")]
+    #[arg(long, env = "PALISADE_KAFKA_DEAD_LETTER_TOPIC", value_parser = bounds::topic)]
     pub kafka_dead_letter_topic: Option<String>,
     /// Largest Kafka record value accepted; larger records are dead-lettered
     /// (1 KiB..=64 MiB).
@@ -116,7 +123,8 @@ pub struct ServeConfig {
     pub kafka_strict_partitioning: bool,
     /// Extra librdkafka client setting KEY=VALUE (TLS, SASL, timeouts); repeatable,
     /// comma separated in the environment variable.
-    #[arg(long = "kafka-setting", env = "PALISADE_KAFKA_SETTINGS", value_delimiter = ',', value_parser = parse_setting)]
+    #[arg(long = "kafka-setting", env = "PALISADE_KAFKA_SETTINGS", value_delimiter = ',', value_parser = bounds::kafka_setting)]
+    #[serde(serialize_with = "as_table")]
     pub kafka_settings: Vec<(String, String)>,
     /// Where leases and fencing tokens come from: `embedded` (in the store,
     /// one node) or `etcd` (etcd leases; token = the lock key's create
@@ -125,24 +133,24 @@ pub struct ServeConfig {
     #[arg(long, env = "PALISADE_LEASE_BACKEND", value_enum, default_value_t = LeaseBackend::Embedded)]
     pub lease_backend: LeaseBackend,
     /// etcd members, `http://host:port`; repeatable (env: comma separated).
-    #[arg(long, env = "PALISADE_ETCD_ENDPOINTS", value_delimiter = ',')]
+    #[arg(long, env = "PALISADE_ETCD_ENDPOINTS", value_delimiter = ',', value_parser = bounds::etcd_endpoint)]
     pub etcd_endpoints: Vec<String>,
     /// Prefix of every etcd key Palisade writes (clusters can share one etcd).
-    #[arg(long, env = "PALISADE_ETCD_PREFIX", default_value = "/palisade/")]
+    #[arg(long, env = "PALISADE_ETCD_PREFIX", default_value = "/palisade/", value_parser = bounds::text)]
     pub etcd_prefix: String,
     /// Cluster mode: this node's id in the consumer group (see
     /// docs/decisions/0012-cluster-mode.md). Needs --lease-backend etcd and
     /// --kafka-brokers.
-    #[arg(long, env = "PALISADE_CLUSTER_NODE")]
+    #[arg(long, env = "PALISADE_CLUSTER_NODE", value_parser = bounds::node_id)]
     pub cluster_node: Option<String>,
     /// Cluster mode: the URL other nodes and clients reach this node at
     /// (default: http:// + the listen address).
-    #[arg(long, env = "PALISADE_CLUSTER_ADVERTISE")]
+    #[arg(long, env = "PALISADE_CLUSTER_ADVERTISE", value_parser = bounds::url)]
     pub cluster_advertise: Option<String>,
 }
 
 /// Where leases and fencing tokens come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LeaseBackend {
     /// The store's own durable counter (one node).
@@ -160,43 +168,102 @@ impl LeaseBackend {
     }
 }
 
-fn parse_setting(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
-    if k.trim().is_empty() {
-        return Err(format!("empty key in {s:?}"));
+/// `kafka_settings` as the TOML table the file takes.
+fn as_table<S: serde::Serializer>(v: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(v.iter().map(|(k, v)| (k, v)))
+}
+
+/// Why the settings cannot be served with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// One setting's value (the config file's: its clap error, with the key).
+    #[error("{key} (--{flag}): {reason}")]
+    Invalid {
+        key: String,
+        flag: String,
+        reason: String,
+    },
+    /// Settings that only work together.
+    #[error("{0}")]
+    Combination(&'static str),
+    /// The config file cannot be read or is not TOML.
+    #[error("config file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+}
+
+impl ConfigError {
+    /// `key`'s value breaks a rule; the flag is the key with dashes (the
+    /// one repeatable flag is named in the singular).
+    pub fn invalid(key: &str, reason: impl Into<String>) -> Self {
+        let flag = match key {
+            "kafka_settings" => "kafka-setting".to_owned(),
+            _ => key.replace('_', "-"),
+        };
+        Self::Invalid {
+            key: key.to_owned(),
+            flag,
+            reason: reason.into(),
+        }
     }
-    Ok((k.trim().to_owned(), v.to_owned()))
+}
+
+/// What `palisade serve` runs as, decided once from the settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// One node; leases from the store itself or from etcd.
+    Single { leases: Leases },
+    /// One node of a cluster (docs/decisions/0012-cluster-mode.md): etcd
+    /// owner leases and Kafka as the log.
+    Cluster {
+        node: String,
+        etcd: EtcdSettings,
+        kafka_brokers: String,
+    },
+}
+
+/// Where a single node's leases come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leases {
+    Embedded,
+    Etcd(EtcdSettings),
+}
+
+/// The etcd cluster to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    pub prefix: String,
 }
 
 impl ServeConfig {
-    /// Every setting's range ([`bounds`]: a config file's values skip
-    /// clap's parsers) and the rules that span fields. Runs before anything
+    /// The rules across settings ([`bounds::check`]; each value alone
+    /// passed its parser), and the mode they describe. Runs before anything
     /// touches the disk.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<Mode, ConfigError> {
         bounds::check(self)?;
-        if self.lease_backend == LeaseBackend::Etcd && self.etcd_endpoints.is_empty() {
-            return Err("--lease-backend etcd needs --etcd-endpoints".into());
+        let etcd = || EtcdSettings {
+            endpoints: self.etcd_endpoints.clone(),
+            prefix: self.etcd_prefix.clone(),
+        };
+        match (&self.cluster_node, self.lease_backend) {
+            (_, LeaseBackend::Etcd) if self.etcd_endpoints.is_empty() => Err(
+                ConfigError::Combination("--lease-backend etcd needs --etcd-endpoints"),
+            ),
+            (None, LeaseBackend::Embedded) => Ok(Mode::Single {
+                leases: Leases::Embedded,
+            }),
+            (None, LeaseBackend::Etcd) => Ok(Mode::Single {
+                leases: Leases::Etcd(etcd()),
+            }),
+            (Some(node), LeaseBackend::Etcd) if self.kafka_brokers.is_some() => Ok(Mode::Cluster {
+                node: node.clone(),
+                etcd: etcd(),
+                kafka_brokers: self.kafka_brokers.clone().unwrap_or_default(),
+            }),
+            (Some(_), _) => Err(ConfigError::Combination(
+                "--cluster-node (cluster mode) needs --lease-backend etcd and --kafka-brokers",
+            )),
         }
-        if self.cluster_node.is_some()
-            && (self.lease_backend != LeaseBackend::Etcd || self.kafka_brokers.is_none())
-        {
-            return Err(
-                "--cluster-node (cluster mode) needs --lease-backend etcd and --kafka-brokers"
-                    .into(),
-            );
-        }
-        if self.cluster_node.as_deref().is_some_and(|n| {
-            n.is_empty()
-                || n.len() > 128
-                || !n
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        }) {
-            return Err("--cluster-node must be 1 to 128 of A-Z a-z 0-9 - _ .".into());
-        }
-        Ok(())
     }
 
     pub fn store_config(&self) -> palisade_log::StoreConfig {

@@ -15,7 +15,7 @@ use crate::config::ServeConfig;
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     // Before anything opens files: idle clients must not be what runs the
     // store out of descriptors (fd_limit.rs).
     let fd_limit = crate::fd_limit::raise();

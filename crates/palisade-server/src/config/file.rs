@@ -1,136 +1,25 @@
 //! Settings for `palisade serve` from a TOML file (`--config FILE`,
 //! `PALISADE_CONFIG`), and `palisade config check`.
 //!
-//! Keys are the long flags with underscores (`max_drift_ms`); the one table
-//! is `kafka_settings` (the repeatable `--kafka-setting KEY=VALUE`, named
-//! like its variable `PALISADE_KAFKA_SETTINGS`). Precedence, per key:
-//! command-line flag > environment variable > file > default. A key given
-//! by a flag or variable keeps that value; every other key that the file
-//! sets takes the file's value. Unknown keys are an error naming the key.
-//! Relative paths (`data`) are relative to the working directory, as for
-//! the flag. See `docs/decisions/0007-config-file.md`.
+//! Keys are the ids of [`ServeConfig`]'s arguments (the long flags with
+//! underscores: `max_drift_ms`); the one table is `kafka_settings` (the
+//! repeatable `--kafka-setting KEY=VALUE`). Nothing here lists the keys: the
+//! file's values become the flags they stand for and go through the same
+//! clap parsers as the command line, so every rule is checked once, where
+//! the setting is defined. Precedence, per key: command-line flag >
+//! environment variable > file > default. Unknown keys are an error naming
+//! the key. Relative paths (`data`) are relative to the working directory,
+//! as for the flag. See `docs/decisions/0007-config-file.md`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::parser::ValueSource;
-use clap::ArgMatches;
-use serde::Deserialize;
+use clap::{ArgAction, ArgMatches, Args, Command, FromArgMatches};
 
-use crate::config::{ServeArgs, ServeConfig};
-
-/// Every key of the file: the ids of [`ServeConfig`]'s arguments.
-pub const KEYS: [&str; 29] = [
-    "data",
-    "listen",
-    "partitions",
-    "max_drift_ms",
-    "max_body_bytes",
-    "max_batch_events",
-    "snapshot_every",
-    "cache_mb",
-    "max_connections",
-    "max_connections_per_ip",
-    "header_timeout_ms",
-    "body_timeout_ms",
-    "idle_timeout_ms",
-    "security",
-    "tls_cert",
-    "tls_key",
-    "insecure",
-    "kafka_brokers",
-    "kafka_topic",
-    "kafka_group",
-    "kafka_dead_letter_topic",
-    "kafka_max_record_bytes",
-    "kafka_strict_partitioning",
-    "kafka_settings",
-    "lease_backend",
-    "etcd_endpoints",
-    "etcd_prefix",
-    "cluster_node",
-    "cluster_advertise",
-];
-
-/// The file, as written: every key optional, unknown keys refused.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    data: Option<PathBuf>,
-    listen: Option<SocketAddr>,
-    partitions: Option<u32>,
-    max_drift_ms: Option<u64>,
-    max_body_bytes: Option<usize>,
-    max_batch_events: Option<usize>,
-    snapshot_every: Option<u64>,
-    cache_mb: Option<u64>,
-    max_connections: Option<usize>,
-    max_connections_per_ip: Option<usize>,
-    header_timeout_ms: Option<u64>,
-    body_timeout_ms: Option<u64>,
-    idle_timeout_ms: Option<u64>,
-    security: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    insecure: Option<bool>,
-    kafka_brokers: Option<String>,
-    kafka_topic: Option<String>,
-    kafka_group: Option<String>,
-    kafka_dead_letter_topic: Option<String>,
-    kafka_max_record_bytes: Option<usize>,
-    kafka_strict_partitioning: Option<bool>,
-    /// librdkafka settings: `{ "security.protocol" = "ssl", ... }`, string
-    /// values (checked by [`FileConfig::parse`]).
-    kafka_settings: Option<toml::Table>,
-    lease_backend: Option<crate::config::LeaseBackend>,
-    etcd_endpoints: Option<Vec<String>>,
-    etcd_prefix: Option<String>,
-    cluster_node: Option<String>,
-    cluster_advertise: Option<String>,
-}
-
-/// `kafka_settings` as `--kafka-setting` pairs (values checked by `parse`).
-fn settings_of(t: toml::Table) -> Vec<(String, String)> {
-    t.into_iter()
-        .filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned())))
-        .collect()
-}
-
-impl FileConfig {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let f: Self = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
-        for (k, v) in f.kafka_settings.iter().flatten() {
-            if k.trim().is_empty() {
-                return Err("kafka_settings: empty key".into());
-            }
-            match v {
-                toml::Value::String(_) => {}
-                toml::Value::Table(_) => {
-                    return Err(format!(
-                        "kafka_settings: {k:?} is a table; quote keys that contain dots, \
-                         as in \"{k}.…\" = \"value\""
-                    ))
-                }
-                other => {
-                    return Err(format!(
-                        "kafka_settings: the value of {k:?} must be a string, not {} \
-                         (write \"{other}\")",
-                        other.type_str()
-                    ))
-                }
-            }
-        }
-        Ok(f)
-    }
-
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("config file {}: {e}", path.display()))
-    }
-}
+use crate::config::{ConfigError, ServeArgs, ServeConfig};
 
 /// Where a setting's value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,78 +49,166 @@ impl Source {
 pub struct Resolved {
     pub config: ServeConfig,
     pub file: Option<PathBuf>,
-    /// One entry per key of [`KEYS`].
-    pub sources: BTreeMap<&'static str, Source>,
+    /// One entry per setting.
+    pub sources: BTreeMap<String, Source>,
+}
+
+/// One setting as `palisade config check` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting {
+    pub key: String,
+    /// Its environment variable.
+    pub env: Option<String>,
+    /// Its effective value (`None`: unset).
+    pub value: Option<toml::Value>,
+    pub source: Source,
+}
+
+/// The settings' clap command: the one definition of every key.
+fn command() -> Command {
+    ServeConfig::augment_args(Command::new("serve"))
 }
 
 /// Apply the file named by `args.config` under the flags and environment
 /// variables that `m` (the matches `args` was parsed from) saw.
-pub fn resolve(args: ServeArgs, m: &ArgMatches) -> Result<Resolved, String> {
-    let mut sources: BTreeMap<&'static str, Source> = KEYS
-        .iter()
-        .map(|&k| {
-            let s = match m.value_source(k) {
+pub fn resolve(args: ServeArgs, m: &ArgMatches) -> Result<Resolved, ConfigError> {
+    let cmd = command();
+    let mut sources: BTreeMap<String, Source> = cmd
+        .get_arguments()
+        .map(|a| {
+            let id = a.get_id().as_str();
+            let s = match m.value_source(id) {
                 Some(ValueSource::CommandLine) => Source::Flag,
                 Some(ValueSource::EnvVariable) => Source::Env,
                 Some(ValueSource::DefaultValue) => Source::Default,
                 _ => Source::Unset,
             };
-            (k, s)
+            (id.to_owned(), s)
         })
         .collect();
-    let mut cfg = args.settings;
-    if let Some(path) = &args.config {
-        let f = FileConfig::load(path)?;
-        // For each key the file sets: take it unless a flag or variable did.
-        macro_rules! take {
-            ($key:ident) => {
-                take!($key, |v| v)
-            };
-            ($key:ident, $conv:expr) => {
-                if let Some(v) = f.$key {
-                    let src = sources.entry(stringify!($key)).or_insert(Source::Unset);
-                    if matches!(*src, Source::Default | Source::Unset) {
-                        cfg.$key = ($conv)(v);
-                        *src = Source::File;
-                    }
-                }
-            };
+    let Some(path) = args.config else {
+        return Ok(Resolved {
+            config: args.settings,
+            file: None,
+            sources,
+        });
+    };
+    let file_error = |reason: String| ConfigError::File {
+        path: path.clone(),
+        reason,
+    };
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| file_error(format!("cannot read it: {e}")))?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| file_error(e.to_string().trim_end().to_owned()))?;
+    // The command line again (as clap saw it), then each key the file sets
+    // that no flag or variable did, as its flag.
+    let mut argv: Vec<OsString> = vec!["serve".into()];
+    argv.extend(command_line(&cmd, m));
+    for (key, value) in table {
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id().as_str() == key)
+            .ok_or_else(|| {
+                file_error(format!(
+                    "unknown key {key:?} (keys are the long flags of `palisade serve` \
+                     with underscores; see palisade.example.toml)"
+                ))
+            })?;
+        let src = sources.entry(key.clone()).or_insert(Source::Unset);
+        if matches!(*src, Source::Flag | Source::Env) {
+            continue;
         }
-        take!(data);
-        take!(listen);
-        take!(partitions, Some);
-        take!(max_drift_ms);
-        take!(max_body_bytes);
-        take!(max_batch_events);
-        take!(snapshot_every);
-        take!(cache_mb);
-        take!(max_connections);
-        take!(max_connections_per_ip);
-        take!(header_timeout_ms);
-        take!(body_timeout_ms);
-        take!(idle_timeout_ms);
-        take!(security, Some);
-        take!(tls_cert, Some);
-        take!(tls_key, Some);
-        take!(insecure);
-        take!(kafka_brokers, Some);
-        take!(kafka_topic);
-        take!(kafka_group);
-        take!(kafka_dead_letter_topic, Some);
-        take!(kafka_max_record_bytes);
-        take!(kafka_strict_partitioning);
-        take!(kafka_settings, settings_of);
-        take!(lease_backend);
-        take!(etcd_endpoints);
-        take!(etcd_prefix);
-        take!(cluster_node, Some);
-        take!(cluster_advertise, Some);
+        let flags = as_flags(arg, &key, value).map_err(|r| file_error(format!("{key}: {r}")))?;
+        // The key's values alone (no variable, no other key), so that a
+        // refusal names this key of this file.
+        command()
+            .mut_args(|a| a.env(None))
+            .try_get_matches_from(std::iter::once(OsString::from("serve")).chain(flags.clone()))
+            .map_err(|e| file_error(format!("{key}: {}", clap_reason(&e))))?;
+        argv.extend(flags);
+        *src = Source::File;
     }
+    let merged = command()
+        .try_get_matches_from(argv)
+        .and_then(|mm| ServeConfig::from_arg_matches(&mm))
+        .map_err(|e| file_error(clap_reason(&e)))?;
     Ok(Resolved {
-        config: cfg,
-        file: args.config,
+        config: merged,
+        file: Some(path),
         sources,
     })
+}
+
+/// The flags of the command line that `m` holds, as clap parsed them.
+fn command_line(cmd: &Command, m: &ArgMatches) -> Vec<OsString> {
+    let mut out = Vec::new();
+    for a in cmd.get_arguments() {
+        let id = a.get_id().as_str();
+        if m.value_source(id) != Some(ValueSource::CommandLine) {
+            continue;
+        }
+        let long = a.get_long().unwrap_or(id);
+        if a.get_action().takes_values() {
+            for v in m.get_raw(id).into_iter().flatten() {
+                let mut f = OsString::from(format!("--{long}="));
+                f.push(v);
+                out.push(f);
+            }
+        } else if m.get_flag(id) {
+            out.push(format!("--{long}").into());
+        }
+    }
+    out
+}
+
+/// A file's value of `arg` as that argument's flags.
+fn as_flags(arg: &clap::Arg, key: &str, value: toml::Value) -> Result<Vec<OsString>, String> {
+    use toml::Value as V;
+    let long = arg.get_long().unwrap_or(key);
+    let flag = |v: &str| OsString::from(format!("--{long}={v}"));
+    let repeatable = matches!(arg.get_action(), ArgAction::Append);
+    let scalar = |v: &V| match v {
+        V::String(s) => Ok(s.clone()),
+        V::Integer(_) | V::Float(_) | V::Boolean(_) | V::Datetime(_) => Ok(v.to_string()),
+        V::Array(_) | V::Table(_) => Err(format!("expected a single value, got {}", v.type_str())),
+    };
+    match value {
+        // A switch (`--insecure`): true or false only.
+        v if !arg.get_action().takes_values() => match v {
+            V::Boolean(true) => Ok(vec![format!("--{long}").into()]),
+            V::Boolean(false) => Ok(Vec::new()),
+            other => Err(format!(
+                "must be true or false, not {} (write {key} = true)",
+                other.type_str()
+            )),
+        },
+        V::Array(items) if repeatable => {
+            items.iter().map(|v| scalar(v).map(|s| flag(&s))).collect()
+        }
+        // The one table: `[kafka_settings]` of `"name" = "value"`.
+        V::Table(t) if repeatable => t
+            .iter()
+            .map(|(k, v)| match v {
+                V::String(s) => Ok(flag(&format!("{k}={s}"))),
+                V::Table(_) => Err(format!(
+                    "{k:?} is a table; quote keys that contain dots, as in \"{k}.…\" = \"value\""
+                )),
+                other => Err(format!(
+                    "the value of {k:?} must be a string, not {} (write \"{other}\")",
+                    other.type_str()
+                )),
+            })
+            .collect(),
+        v => Ok(vec![flag(&scalar(&v)?)]),
+    }
+}
+
+/// A clap error's first line, without clap's `error: ` prefix.
+fn clap_reason(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_owned()
 }
 
 /// `palisade serve [--config FILE]`: resolve the settings, then serve.
@@ -240,86 +217,33 @@ pub async fn serve(args: ServeArgs, top: &ArgMatches) -> anyhow::Result<()> {
     let m = top
         .subcommand_matches("serve")
         .context("no `serve` arguments")?;
-    let r = resolve(args, m).map_err(anyhow::Error::msg)?;
+    let r = resolve(args, m)?;
     if let Some(f) = &r.file {
         tracing::info!(config = %f.display(), "settings from a config file");
     }
     crate::serve::serve(r.config).await
 }
 
-/// Each key's effective value as TOML (`None`: unset).
-pub fn values(c: &ServeConfig) -> Vec<(&'static str, Option<toml::Value>)> {
-    use toml::Value as V;
-    let s = |v: &str| Some(V::String(v.to_owned()));
-    let n = |v: u64| Some(i64::try_from(v).map_or_else(|_| V::String(v.to_string()), V::Integer));
-    let z = |v: usize| n(u64::try_from(v).unwrap_or(u64::MAX));
-    let settings = (!c.kafka_settings.is_empty()).then(|| {
-        V::Table(
-            c.kafka_settings
-                .iter()
-                .map(|(k, v)| (k.clone(), V::String(v.clone())))
-                .collect(),
-        )
-    });
-    vec![
-        ("data", s(&c.data.to_string_lossy())),
-        ("listen", s(&c.listen.to_string())),
-        ("partitions", c.partitions.and_then(|p| n(p.into()))),
-        ("max_drift_ms", n(c.max_drift_ms)),
-        ("max_body_bytes", z(c.max_body_bytes)),
-        ("max_batch_events", z(c.max_batch_events)),
-        ("snapshot_every", n(c.snapshot_every)),
-        ("cache_mb", n(c.cache_mb)),
-        ("max_connections", z(c.max_connections)),
-        ("max_connections_per_ip", z(c.max_connections_per_ip)),
-        ("header_timeout_ms", n(c.header_timeout_ms)),
-        ("body_timeout_ms", n(c.body_timeout_ms)),
-        ("idle_timeout_ms", n(c.idle_timeout_ms)),
-        (
-            "security",
-            c.security.as_deref().and_then(|p| s(&p.to_string_lossy())),
-        ),
-        (
-            "tls_cert",
-            c.tls_cert.as_deref().and_then(|p| s(&p.to_string_lossy())),
-        ),
-        (
-            "tls_key",
-            c.tls_key.as_deref().and_then(|p| s(&p.to_string_lossy())),
-        ),
-        ("insecure", Some(V::Boolean(c.insecure))),
-        ("kafka_brokers", c.kafka_brokers.as_deref().and_then(s)),
-        ("kafka_topic", s(&c.kafka_topic)),
-        ("kafka_group", s(&c.kafka_group)),
-        (
-            "kafka_dead_letter_topic",
-            c.kafka_dead_letter_topic.as_deref().and_then(s),
-        ),
-        ("kafka_max_record_bytes", z(c.kafka_max_record_bytes)),
-        (
-            "kafka_strict_partitioning",
-            Some(V::Boolean(c.kafka_strict_partitioning)),
-        ),
-        ("kafka_settings", settings),
-        ("lease_backend", s(c.lease_backend.name())),
-        (
-            "etcd_endpoints",
-            (!c.etcd_endpoints.is_empty()).then(|| {
-                V::Array(
-                    c.etcd_endpoints
-                        .iter()
-                        .map(|e| V::String(e.clone()))
-                        .collect(),
-                )
-            }),
-        ),
-        ("etcd_prefix", s(&c.etcd_prefix)),
-        ("cluster_node", c.cluster_node.as_deref().and_then(s)),
-        (
-            "cluster_advertise",
-            c.cluster_advertise.as_deref().and_then(s),
-        ),
-    ]
+/// Every setting, in the order of `palisade serve --help`, with its value,
+/// its variable and where it came from.
+pub fn settings(r: &Resolved) -> Vec<Setting> {
+    let values = toml::Table::try_from(&r.config).unwrap_or_default();
+    command()
+        .get_arguments()
+        .map(|a| {
+            let key = a.get_id().as_str().to_owned();
+            Setting {
+                env: a.get_env().map(|e| e.to_string_lossy().into_owned()),
+                value: values
+                    .get(&key)
+                    .filter(|v| !matches!(v, toml::Value::Table(t) if t.is_empty()))
+                    .filter(|v| !matches!(v, toml::Value::Array(a) if a.is_empty()))
+                    .cloned(),
+                source: r.sources.get(&key).copied().unwrap_or(Source::Unset),
+                key,
+            }
+        })
+        .collect()
 }
 
 /// What an unset optional key means.
@@ -340,12 +264,10 @@ pub fn unset_note(key: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{Args, FromArgMatches};
     use std::collections::BTreeSet;
-    use std::ffi::OsString;
 
     fn arg_ids() -> BTreeSet<String> {
-        ServeConfig::augment_args(clap::Command::new("t"))
+        command()
             .get_arguments()
             .map(|a| a.get_id().to_string())
             .collect()
@@ -372,20 +294,45 @@ mod tests {
             .join("\n")
     }
 
+    fn try_resolve(file: &str, cli: &[&str]) -> Result<Resolved, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, file).unwrap();
+        let mut argv: Vec<OsString> = vec!["serve".into(), "--config".into(), path.into()];
+        argv.extend(cli.iter().map(OsString::from));
+        // No variable of the test's environment may leak in.
+        let m = ServeArgs::augment_args(Command::new("serve"))
+            .mut_args(|a| a.env(None))
+            .try_get_matches_from(argv)
+            .unwrap();
+        let args = ServeArgs::from_arg_matches(&m).unwrap();
+        resolve(args, &m)
+    }
+
+    fn resolve_with(file: &str, cli: &[&str]) -> Resolved {
+        try_resolve(file, cli).unwrap()
+    }
+
     #[test]
-    fn keys_are_exactly_the_serve_flags() {
-        let keys: BTreeSet<String> = KEYS.iter().map(|k| (*k).to_owned()).collect();
-        assert_eq!(keys, arg_ids(), "KEYS and ServeConfig's flags differ");
-        let shown: BTreeSet<String> = values(
-            &ServeConfig::augment_args(clap::Command::new("t"))
-                .try_get_matches_from(["t"])
-                .map(|m| ServeConfig::from_arg_matches(&m).unwrap())
-                .unwrap(),
-        )
-        .into_iter()
-        .map(|(k, _)| k.to_owned())
-        .collect();
-        assert_eq!(shown, keys, "config check would not print every key");
+    fn every_setting_is_shown_with_its_variable() {
+        let r = resolve_with("", &[]);
+        let shown = settings(&r);
+        let keys: BTreeSet<String> = shown.iter().map(|s| s.key.clone()).collect();
+        assert_eq!(keys, arg_ids(), "config check would not print every key");
+        for s in &shown {
+            assert_eq!(
+                s.env.as_deref(),
+                Some(format!("PALISADE_{}", s.key.to_uppercase()).as_str()),
+                "{}: variables are PALISADE_ + the key",
+                s.key
+            );
+        }
+        let get = |k: &str| shown.iter().find(|s| s.key == k).unwrap().clone();
+        assert_eq!(get("partitions").value, None);
+        assert_eq!(get("partitions").source, Source::Unset);
+        assert_eq!(get("snapshot_every").value, Some(toml::Value::Integer(64)));
+        assert_eq!(get("insecure").value, Some(toml::Value::Boolean(false)));
+        assert_eq!(get("kafka_settings").value, None);
     }
 
     #[test]
@@ -394,54 +341,77 @@ mod tests {
         let table: toml::Table = toml::from_str(&text).unwrap();
         let keys: BTreeSet<String> = table.keys().cloned().collect();
         assert_eq!(keys, arg_ids(), "palisade.example.toml misses or adds keys");
-        let f = FileConfig::parse(&text).unwrap();
-        assert!(f.partitions.is_some() && f.kafka_settings.is_some_and(|m| !m.is_empty()));
+        let r = resolve_with(&text, &[]);
+        assert!(r.config.partitions.is_some() && !r.config.kafka_settings.is_empty());
+        assert!(r.sources.values().all(|s| *s == Source::File), "{r:?}");
+        // What the file says is what config check shows, key by key.
+        for s in settings(&r) {
+            let want = &table[&s.key];
+            assert_eq!(s.value.as_ref(), Some(want), "{}", s.key);
+        }
         // As shipped (all commented out) it is valid too and sets nothing.
-        let shipped = FileConfig::parse(include_str!("../../../../palisade.example.toml")).unwrap();
-        assert!(shipped.data.is_none() && shipped.partitions.is_none());
+        let shipped = resolve_with(include_str!("../../../../palisade.example.toml"), &[]);
+        assert!(shipped.sources.values().all(|s| *s != Source::File));
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
-        let e = FileConfig::parse("partitions = 4\nmax_drift = 10\n").unwrap_err();
-        assert!(e.contains("max_drift"), "{e}");
-        let e = FileConfig::parse("partitions = -1\n").unwrap_err();
-        assert!(e.contains("partitions"), "{e}");
-        let e = FileConfig::parse("listen = \"nowhere\"\n").unwrap_err();
-        assert!(e.contains("listen"), "{e}");
-        let e = FileConfig::parse("[kafka_settings]\n\"\" = \"x\"\n").unwrap_err();
-        assert!(e.contains("empty key"), "{e}");
-        let e = FileConfig::parse("[kafka_settings]\nsecurity.protocol = \"ssl\"\n").unwrap_err();
-        assert!(e.contains("quote keys"), "{e}");
-        let e = FileConfig::parse("[kafka_settings]\n\"linger.ms\" = 5\n").unwrap_err();
-        assert!(e.contains("\"linger.ms\"") && e.contains("string"), "{e}");
-    }
-
-    fn resolve_with(file: &str, cli: &[&str]) -> Resolved {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.toml");
-        std::fs::write(&path, file).unwrap();
-        let mut argv: Vec<OsString> = vec!["serve".into(), "--config".into(), path.into()];
-        argv.extend(cli.iter().map(OsString::from));
-        let m = ServeArgs::augment_args(clap::Command::new("serve"))
-            .try_get_matches_from(argv)
-            .unwrap();
-        let args = ServeArgs::from_arg_matches(&m).unwrap();
-        resolve(args, &m).unwrap()
+        let cases = [
+            (
+                "partitions = 4\nmax_drift = 10\n",
+                "unknown key \"max_drift\"",
+            ),
+            (
+                "partitions = -1\n",
+                "partitions: invalid value '-1' for '--partitions",
+            ),
+            ("partitions = 0\n", "not in 1..=1024"),
+            ("listen = \"nowhere\"\n", "listen: invalid value 'nowhere'"),
+            (
+                "listen = [\"a\"]\n",
+                "listen: expected a single value, got array",
+            ),
+            ("insecure = \"yes\"\n", "insecure: must be true or false"),
+            ("kafka_topic = \"a b\"\n", "Kafka topic name"),
+            ("[kafka_settings]\n\"\" = \"x\"\n", "empty key"),
+            (
+                "[kafka_settings]\nsecurity.protocol = \"ssl\"\n",
+                "quote keys",
+            ),
+            (
+                "[kafka_settings]\n\"linger.ms\" = 5\n",
+                "\"linger.ms\" must be a string",
+            ),
+            (
+                "[kafka_settings]\n\"group.id\" = \"x\"\n",
+                "set by Palisade",
+            ),
+            ("this is not toml\n", "p.toml: "),
+        ];
+        for (file, want) in cases {
+            let e = try_resolve(file, &[]).unwrap_err().to_string();
+            assert!(e.contains(want), "{file:?}: {e:?} should contain {want:?}");
+            assert!(e.starts_with("config file "), "{e}");
+        }
+        // A flag's value is not the file's to refuse: the flag wins unread.
+        let r = resolve_with("partitions = 0\n", &["--partitions", "8"]);
+        assert_eq!(r.config.partitions, Some(8));
     }
 
     // (Environment-variable precedence is tested with real processes in
     // tests/cli: setting variables here would race other tests.)
     #[test]
     fn flags_beat_the_file_which_beats_defaults() {
-        let file = "partitions = 4\nmax_drift_ms = 900\nkafka_topic = \"t\"\n[kafka_settings]\n\"a.b\" = \"1\"\n";
+        let file = "partitions = 4\nmax_drift_ms = 900\nkafka_topic = \"t\"\ninsecure = true\netcd_endpoints = [\"a:1\", \"b:2\"]\n[kafka_settings]\n\"client.id\" = \"1\"\n";
         let r = resolve_with(file, &[]);
         assert_eq!(r.config.partitions, Some(4));
         assert_eq!(r.config.max_drift_ms, 900);
         assert_eq!(r.config.kafka_topic, "t");
+        assert!(r.config.insecure);
+        assert_eq!(r.config.etcd_endpoints, ["a:1", "b:2"]);
         assert_eq!(
             r.config.kafka_settings,
-            [("a.b".to_owned(), "1".to_owned())]
+            [("client.id".to_owned(), "1".to_owned())]
         );
         assert_eq!(r.sources["partitions"], Source::File);
         assert_eq!(r.config.snapshot_every, 64);
@@ -455,14 +425,25 @@ mod tests {
                 "--max-drift-ms",
                 "500",
                 "--kafka-setting",
-                "c=2",
+                "client.id=2",
+                "--kafka-setting",
+                "linger.ms=5",
+                "--cache-mb=7",
             ],
         );
         assert_eq!(r.config.partitions, Some(8));
         // Even when the flag's value equals the default, the flag wins.
         assert_eq!(r.config.max_drift_ms, 500);
-        assert_eq!(r.config.kafka_settings, [("c".to_owned(), "2".to_owned())]);
+        assert_eq!(
+            r.config.kafka_settings,
+            [
+                ("client.id".to_owned(), "2".to_owned()),
+                ("linger.ms".to_owned(), "5".to_owned())
+            ]
+        );
         assert_eq!(r.sources["partitions"], Source::Flag);
+        assert_eq!(r.config.cache_mb, 7);
         assert_eq!(r.config.kafka_topic, "t");
+        assert!(r.config.insecure);
     }
 }
