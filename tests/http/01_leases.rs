@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::support::{lease_id_of, token_of};
-use crate::{assert_error, start};
+use crate::{assert_error, start, start_clocked};
 
-/// Just past a 200 ms TTL.
+/// Just past a 200 ms TTL (on the store's lease clock, moved by the test).
 const PAST_TTL: Duration = Duration::from_millis(260);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,10 +68,10 @@ async fn acquire_conflict_and_renew_keep_the_token() {
 /// the scope. It must be refused and must not touch B's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_renewal_after_a_new_grant_is_superseded_and_leaves_b_alone() {
-    let (_dir, server, c) = start().await;
+    let (_dir, server, c, clock) = start_clocked().await;
 
     let a = c.acquire("twin/s6", "A", 200).await;
-    tokio::time::sleep(PAST_TTL).await;
+    clock.advance(PAST_TTL);
     let b = c.acquire("twin/s6", "B", 300).await;
     assert!(token_of(&b) > token_of(&a));
     let (a_id, b_id) = (lease_id_of(&a), lease_id_of(&b));
@@ -103,7 +103,7 @@ async fn late_renewal_after_a_new_grant_is_superseded_and_leaves_b_alone() {
     assert_error(&r, 410, "lease_superseded");
 
     // A's attempts did not extend B's lease: past B's own TTL, C gets it.
-    tokio::time::sleep(Duration::from_millis(360)).await;
+    clock.advance(Duration::from_millis(360));
     let cl = c.acquire("twin/s6", "C", 1000).await;
     assert!(token_of(&cl) > token_of(&b));
     let r = c
@@ -116,10 +116,10 @@ async fn late_renewal_after_a_new_grant_is_superseded_and_leaves_b_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_after_expiry_is_refused_even_if_nobody_took_the_scope() {
-    let (_dir, server, c) = start().await;
+    let (_dir, server, c, clock) = start_clocked().await;
 
     let a = c.acquire("twin/exp", "A", 200).await;
-    tokio::time::sleep(PAST_TTL).await;
+    clock.advance(PAST_TTL);
     let r = c
         .post_json(&format!("/v1/leases/{}/renew", lease_id_of(&a)), &json!({}))
         .await;
@@ -134,10 +134,10 @@ async fn renewal_after_expiry_is_refused_even_if_nobody_took_the_scope() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_frees_only_the_named_live_lease() {
-    let (_dir, server, c) = start().await;
+    let (_dir, server, c, clock) = start_clocked().await;
 
     let a = c.acquire("twin/rel", "A", 200).await;
-    tokio::time::sleep(PAST_TTL).await;
+    clock.advance(PAST_TTL);
     let b = c.acquire("twin/rel", "B", 60_000).await;
 
     // A releases with its stale id: refused, and B's lease stays.

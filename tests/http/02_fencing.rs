@@ -6,7 +6,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::support::{lease_id_of, token_of, Client};
-use crate::{assert_error, history, partition_of, send, start, twin_in, twin_not_in};
+use crate::{
+    assert_error, history, partition_of, send, start, start_clocked, twin_in, twin_not_in,
+};
 
 const PAST_TTL: Duration = Duration::from_millis(260);
 
@@ -32,14 +34,14 @@ async fn append_if_match(
 /// refused by the store and B's value stands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn figure_1_paused_holder_cannot_overwrite() {
-    let (_dir, server, c) = start().await;
+    let (_dir, server, c, clock) = start_clocked().await;
     let twin = "device-7";
 
     let a = token_of(&c.acquire("twin/device-7", "A", 200).await);
     let r = c.put(twin, a, "a-1", json!({"owner": "A"})).await;
     assert_eq!(r.status, 201, "{:?}", r.body);
 
-    tokio::time::sleep(PAST_TTL).await; // A "pauses"
+    clock.advance(PAST_TTL); // A "pauses"
 
     let b = token_of(&c.acquire("twin/device-7", "B", 60_000).await);
     assert!(b > a);
@@ -76,12 +78,12 @@ async fn figure_1_paused_holder_cannot_overwrite() {
 /// The grant raises the fence: A is refused even before B writes anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grant_itself_raises_the_fence() {
-    let (_dir, server, c) = start().await;
+    let (_dir, server, c, clock) = start_clocked().await;
     let twin = "device-8";
 
     let a = token_of(&c.acquire("twin/device-8", "A", 200).await);
     assert_eq!(c.put(twin, a, "a-1", json!({"v": 1})).await.status, 201);
-    tokio::time::sleep(PAST_TTL).await;
+    clock.advance(PAST_TTL);
     let b = token_of(&c.acquire("twin/device-8", "B", 60_000).await);
 
     let r = c.put(twin, a, "a-2", json!({"v": 2})).await;
@@ -96,7 +98,7 @@ async fn the_grant_itself_raises_the_fence() {
     // The fence also holds for a twin nobody ever wrote.
     let fresh = "device-9";
     let x = token_of(&c.acquire("twin/device-9", "X", 200).await);
-    tokio::time::sleep(PAST_TTL).await;
+    clock.advance(PAST_TTL);
     c.acquire("twin/device-9", "Y", 60_000).await;
     let r = c.put(fresh, x, "x-1", json!({"v": 1})).await;
     assert_error(&r, 409, "stale_token");
@@ -225,7 +227,7 @@ async fn a_holder_writes_many_times_with_one_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_match_is_checked_together_with_the_fence() {
-    let (_dir, server, c) = start().await;
+    let (_dir, server, c, clock) = start_clocked().await;
     let twin = "im";
     let a = token_of(&c.acquire("twin/im", "A", 200).await);
     let r = c.put(twin, a, "e-1", json!({"n": 1})).await;
@@ -246,7 +248,7 @@ async fn if_match_is_checked_together_with_the_fence() {
     assert_eq!(c.twin(twin).await.body["state"], json!({"n": 2}));
 
     // Both must pass: right version, stale token is still 409.
-    tokio::time::sleep(PAST_TTL).await;
+    clock.advance(PAST_TTL);
     let b = token_of(&c.acquire("twin/im", "B", 60_000).await);
     let r = append_if_match(&c, twin, a, &format!("\"{v2}\""), &ev(4)).await;
     assert_error(&r, 409, "stale_token");

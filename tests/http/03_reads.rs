@@ -7,7 +7,7 @@ use palisade::core::Clock;
 use serde_json::{json, Value};
 
 use crate::support::{token_of, Client};
-use crate::{assert_error, history, partition_of, send, start, twin_in};
+use crate::{assert_error, history, partition_of, send, start, start_clocked, twin_in};
 
 async fn get_ok(c: &Client, path: &str) -> Value {
     let r = c.get(path).await;
@@ -295,7 +295,7 @@ async fn partitions_list_and_partition_tail() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_stale_rejection_metric() {
-    let (_dir, server, c) = start().await;
+    let (_dir, server, c, clock) = start_clocked().await;
     let r = c.get("/healthz").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body["status"], "ok");
@@ -313,7 +313,7 @@ async fn health_and_stale_rejection_metric() {
     let before = stale_rejections(&metrics(c.clone()).await);
 
     let a = token_of(&c.acquire("twin/m", "A", 200).await);
-    tokio::time::sleep(Duration::from_millis(260)).await;
+    clock.advance(Duration::from_millis(260));
     let b = token_of(&c.acquire("twin/m", "B", 60_000).await);
     assert_eq!(c.put("m", b, "b-1", json!({"v": 1})).await.status, 201);
     assert_eq!(c.put("m", a, "a-1", json!({"v": 0})).await.status, 409);

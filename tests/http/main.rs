@@ -30,7 +30,12 @@ mod shadow;
 #[path = "07_durable.rs"]
 mod durable;
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use palisade::http::HttpConfig;
+use palisade::lease::ManualClock;
+use palisade::log::StoreConfig;
 
 use palisade::core::{partition_for, TwinId};
 use serde_json::Value;
@@ -39,6 +44,20 @@ use tempfile::TempDir;
 
 /// Partition count of a store created with the default settings.
 pub const PARTITIONS: u32 = 16;
+
+/// A fresh store whose embedded leases run on a clock the test moves
+/// (`clock.advance(..)` past a TTL instead of sleeping). Keep the `TempDir` alive.
+pub async fn start_clocked() -> (TempDir, TestServer, Client, Arc<ManualClock>) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let config = StoreConfig {
+        lease_clock: clock.clone(),
+        ..StoreConfig::default()
+    };
+    let server = TestServer::start_with(dir.path(), config, HttpConfig::default()).await;
+    let client = server.client();
+    (dir, server, client, clock)
+}
 
 /// A fresh store in a temp folder, served over HTTP. Keep the `TempDir` alive.
 pub async fn start() -> (TempDir, TestServer, Client) {

@@ -1,9 +1,11 @@
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bincode::{Decode, Encode};
 use palisade_core::codec::{self, CodecError};
 use palisade_core::{FencingToken, LeaseId, Scope};
 
+use crate::clock::Clock;
 use crate::table::{AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis};
 
 /// Key of the token counter: the last token handed out, u64 big-endian.
@@ -52,9 +54,9 @@ pub enum AuthorityError {
 /// serialize access (the log's store decides leases on its one sequencer
 /// thread, which orders the counter's writes as it orders the grants).
 ///
-/// Time: expiry is decided on a monotonic clock (`Instant`, as [`Millis`]
-/// from the authority's start). The wall-clock milliseconds some calls take
-/// are only *stored*, as each lease's deadline, and only read back on open
+/// Time comes from its [`Clock`]: expiry is decided on the monotonic reading
+/// (as [`Millis`] from the authority's start). The wall-clock reading is
+/// only *stored*, as each lease's deadline, and only read back on open
 /// (a restart loses every `Instant`): a lease past its deadline then stays
 /// expired, any other one gets what was left of its TTL (never more than
 /// the TTL, whatever the wall clock did).
@@ -62,18 +64,20 @@ pub enum AuthorityError {
 pub struct LeaseAuthority {
     tree: sled::Tree,
     table: LeaseTable,
-    /// Origin of the monotonic [`Millis`] this authority passes to the table.
-    origin: Instant,
+    clock: Arc<dyn Clock>,
+    /// The clock's monotonic reading at open: the origin of the [`Millis`]
+    /// this authority passes to the table.
+    origin: Duration,
 }
 
 impl LeaseAuthority {
-    /// Open the authority stored in `tree` at wall-clock `wall_ms` (ms since
-    /// 1970). Each persisted lease is restored with the rest of its TTL as of
+    /// Open the authority stored in `tree`, running on `clock`. Each persisted lease is restored with the rest of its TTL as of
     /// its stored deadline: none if that passed (it stays expired until it is
     /// swept or its scope granted again), at most its full TTL. A lease
     /// without a deadline (written by an older version) gets its full TTL.
-    pub fn open(tree: sled::Tree, wall_ms: u64) -> Result<Self, AuthorityError> {
-        let origin = Instant::now();
+    pub fn open(tree: sled::Tree, clock: Arc<dyn Clock>) -> Result<Self, AuthorityError> {
+        let origin = clock.elapsed();
+        let wall_ms = clock.wall_ms();
         let damaged = |key: &[u8]| AuthorityError::Damaged {
             key: key.to_vec(),
             source: CodecError::Empty,
@@ -113,6 +117,7 @@ impl LeaseAuthority {
         Ok(Self {
             tree,
             table,
+            clock,
             origin,
         })
     }
@@ -120,8 +125,9 @@ impl LeaseAuthority {
     /// Monotonic now, in the table's time base.
     pub fn now(&self) -> Millis {
         Millis(
-            self.origin
+            self.clock
                 .elapsed()
+                .saturating_sub(self.origin)
                 .as_millis()
                 .try_into()
                 .unwrap_or(u64::MAX),
@@ -142,9 +148,8 @@ impl LeaseAuthority {
         &mut self,
         req: AcquireRequest,
         id: LeaseId,
-        wall_ms: u64,
     ) -> Result<(Grant, LeaseWrites), AuthorityError> {
-        let now = self.now();
+        let (now, wall_ms) = (self.now(), self.clock.wall_ms());
         let grant = self.table.acquire(req, id, now)?;
         let l = &grant.lease;
         let mut w: LeaseWrites = vec![
@@ -161,12 +166,8 @@ impl LeaseAuthority {
     }
 
     /// Extend a live lease; the write moves its stored deadline.
-    pub fn renew(
-        &mut self,
-        id: LeaseId,
-        wall_ms: u64,
-    ) -> Result<(Lease, LeaseWrites), AuthorityError> {
-        let now = self.now();
+    pub fn renew(&mut self, id: LeaseId) -> Result<(Lease, LeaseWrites), AuthorityError> {
+        let (now, wall_ms) = (self.now(), self.clock.wall_ms());
         let lease = self.table.renew(id, now)?;
         let w = vec![deadline_write(&lease, wall_ms)];
         Ok((lease, w))
@@ -281,6 +282,11 @@ mod tests {
 
     const T0: u64 = 1_700_000_000_000;
 
+    /// A clock whose wall reading starts at `wall_ms`.
+    fn at(wall_ms: u64) -> Arc<crate::ManualClock> {
+        Arc::new(crate::ManualClock::at(wall_ms))
+    }
+
     #[test]
     fn counter_and_leases_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -288,35 +294,33 @@ mod tests {
         let tree = db.open_tree("leases").unwrap();
         let (t1, t2);
         {
-            let mut auth = LeaseAuthority::open(tree.clone(), T0).unwrap();
+            let mut auth = LeaseAuthority::open(tree.clone(), at(T0)).unwrap();
             let (g, w) = auth
-                .acquire(req("twin/a", "A", 60_000), LeaseId(1), T0)
+                .acquire(req("twin/a", "A", 60_000), LeaseId(1))
                 .unwrap();
             apply(&tree, w);
             t1 = g.lease.token;
             let (g, w) = auth
-                .acquire(req("twin/b", "B", 60_000), LeaseId(2), T0)
+                .acquire(req("twin/b", "B", 60_000), LeaseId(2))
                 .unwrap();
             apply(&tree, w);
             t2 = g.lease.token;
             let (_, w) = auth.release(LeaseId(2)).unwrap();
             apply(&tree, w);
         }
-        let mut auth = LeaseAuthority::open(tree.clone(), T0 + 1_000).unwrap();
+        let mut auth = LeaseAuthority::open(tree.clone(), at(T0 + 1_000)).unwrap();
         assert_eq!(auth.last_token(), t2);
         // A's lease was live: the scope is not granted to someone else...
         assert!(matches!(
-            auth.acquire(req("twin/a", "C", 1000), LeaseId(3), T0 + 1_000),
+            auth.acquire(req("twin/a", "C", 1000), LeaseId(3)),
             Err(AuthorityError::Lease(LeaseError::Held { .. }))
         ));
         // ...for what was left of its TTL, not a fresh one...
         let left = auth.get(LeaseId(1)).unwrap().expires_in_ms(auth.now());
-        assert!(left <= 59_000, "{left}");
+        assert_eq!(left, 59_000);
         // ...A can renew it by id, and B's released scope is free.
-        assert_eq!(auth.renew(LeaseId(1), T0 + 1_000).unwrap().0.token, t1);
-        let (g, _) = auth
-            .acquire(req("twin/b", "C", 1000), LeaseId(4), T0 + 1_000)
-            .unwrap();
+        assert_eq!(auth.renew(LeaseId(1)).unwrap().0.token, t1);
+        let (g, _) = auth.acquire(req("twin/b", "C", 1000), LeaseId(4)).unwrap();
         assert!(g.lease.token > t2);
     }
 
@@ -327,34 +331,51 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::open(dir.path()).unwrap();
         let tree = db.open_tree("leases").unwrap();
-        let mut auth = LeaseAuthority::open(tree.clone(), T0).unwrap();
-        let (_, w) = auth
-            .acquire(req("twin/a", "A", 200), LeaseId(1), T0)
-            .unwrap();
+        let clock = at(T0);
+        let mut auth = LeaseAuthority::open(tree.clone(), clock.clone()).unwrap();
+        let (_, w) = auth.acquire(req("twin/a", "A", 200), LeaseId(1)).unwrap();
         apply(&tree, w);
         let (_, w) = auth
-            .acquire(req("twin/k", "K", 10_000), LeaseId(2), T0)
+            .acquire(req("twin/k", "K", 10_000), LeaseId(2))
             .unwrap();
         apply(&tree, w);
         // K renews at T0 + 5 s: its deadline moves to T0 + 15 s.
-        let (_, w) = auth.renew(LeaseId(2), T0 + 5_000).unwrap();
+        clock.advance(Duration::from_secs(5));
+        let (_, w) = auth.renew(LeaseId(2)).unwrap();
         apply(&tree, w);
         drop(auth);
-        // Restart at T0 + 500 ms: A's 200 ms were over.
-        let mut auth = LeaseAuthority::open(tree.clone(), T0 + 500).unwrap();
+        // Restart at T0 + 5.5 s: A's 200 ms were long over.
+        let mut auth = LeaseAuthority::open(tree.clone(), at(T0 + 5_500)).unwrap();
         assert!(matches!(
-            auth.renew(LeaseId(1), T0 + 500),
+            auth.renew(LeaseId(1)),
             Err(AuthorityError::Lease(LeaseError::Expired(_)))
         ));
-        assert!(auth
-            .acquire(req("twin/a", "B", 1000), LeaseId(3), T0 + 500)
-            .is_ok());
-        // K is live, with at most its TTL left.
+        assert!(auth.acquire(req("twin/a", "B", 1000), LeaseId(3)).is_ok());
+        // K is live, with what was left of its deadline.
         let k = auth.get(LeaseId(2)).unwrap();
-        assert!(k.expires_in_ms(auth.now()) > 0 && k.expires_in_ms(auth.now()) <= 10_000);
+        assert_eq!(k.expires_in_ms(auth.now()), 9_500);
         // A wall clock far behind the deadlines never grants more than the TTL.
         drop(auth);
-        let auth = LeaseAuthority::open(tree, T0 - 3_600_000).unwrap();
-        assert!(auth.get(LeaseId(2)).unwrap().expires_in_ms(auth.now()) <= 10_000);
+        let auth = LeaseAuthority::open(tree, at(T0 - 3_600_000)).unwrap();
+        assert_eq!(
+            auth.get(LeaseId(2)).unwrap().expires_in_ms(auth.now()),
+            10_000
+        );
+    }
+
+    /// Expiry follows the injected clock: no sleeping past a TTL.
+    #[test]
+    fn a_lease_expires_when_its_clock_passes_the_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::open(dir.path()).unwrap();
+        let tree = db.open_tree("leases").unwrap();
+        let clock = at(T0);
+        let mut auth = LeaseAuthority::open(tree, clock.clone()).unwrap();
+        let (a, _) = auth.acquire(req("twin/x", "A", 200), LeaseId(1)).unwrap();
+        clock.advance(Duration::from_millis(199));
+        assert!(auth.acquire(req("twin/x", "B", 200), LeaseId(2)).is_err());
+        clock.advance(Duration::from_millis(1));
+        let (b, _) = auth.acquire(req("twin/x", "B", 200), LeaseId(2)).unwrap();
+        assert!(b.lease.token > a.lease.token);
     }
 }

@@ -11,7 +11,9 @@
 //!   returns each outcome with the writes that make it durable (token
 //!   counter, lease record, token index, deadline: [`LeaseWrites`]); the
 //!   store commits them in the same synced round as the fence they raise,
-//!   and answers only after that.
+//!   and answers only after that. Its time comes from a [`Clock`] the store
+//!   passes in ([`SystemClock`]; tests move a [`ManualClock`] instead of
+//!   sleeping past a TTL).
 //!
 //! - [`RemoteAuthority`]: the seam for an authority outside the store (etcd,
 //!   in `palisade-etcd`), chosen by configuration; the embedded one stays the
@@ -40,10 +42,12 @@
 //! ```
 
 mod authority;
+mod clock;
 mod remote;
 mod table;
 
 pub use authority::{AuthorityError, LeaseAuthority, LeaseWrites};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use remote::{BoxFuture, RemoteAuthority, RemoteError};
 pub use table::{
     AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis, MAX_HOLDER_LEN, MAX_TTL_MS,

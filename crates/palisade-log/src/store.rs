@@ -46,6 +46,10 @@ pub struct StoreConfig {
     pub checkpoint_bytes: u64,
     /// Fault injection into the commit path (tests only).
     pub hooks: Option<Arc<dyn CommitHooks>>,
+    /// The time embedded leases run on: the system's clocks, or a
+    /// [`palisade_lease::ManualClock`] a test moves past a TTL instead of
+    /// sleeping.
+    pub lease_clock: Arc<dyn palisade_lease::Clock>,
 }
 
 impl Default for StoreConfig {
@@ -60,6 +64,7 @@ impl Default for StoreConfig {
             checkpoint_every: Duration::from_secs(1),
             checkpoint_bytes: 64 << 20,
             hooks: None,
+            lease_clock: Arc::new(palisade_lease::SystemClock::new()),
         }
     }
 }
@@ -208,7 +213,7 @@ impl Store {
         }
         let sources = Sources::load(&trees.ingest)?;
 
-        let authority = LeaseAuthority::open(trees.leases.clone(), crate::ingest::now_ms())?;
+        let authority = LeaseAuthority::open(trees.leases.clone(), config.lease_clock.clone())?;
         let last_token = Arc::new(AtomicU64::new(authority.last_token().0));
         let authority = Arc::new(Mutex::new(authority));
         let clock = Arc::new(Clock::new(config.max_drift));

@@ -427,7 +427,7 @@ impl Sequencer {
                 self.open.ack(ack(reply, Ok(n), AppendError::StorageFailed));
             }
             Command::Acquire { req, id, reply } => {
-                let decided = self.authority().acquire(req, id, now_ms());
+                let decided = self.authority().acquire(req, id);
                 let r = match decided {
                     Ok((grant, writes)) => {
                         self.stage_lease_writes(writes);
@@ -456,7 +456,7 @@ impl Sequencer {
                 }));
             }
             Command::Renew { id, reply } => {
-                let decided = self.authority().renew(id, now_ms());
+                let decided = self.authority().renew(id);
                 let r = match decided {
                     Ok((lease, writes)) => {
                         self.stage_lease_writes(writes);
