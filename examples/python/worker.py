@@ -64,9 +64,7 @@ class Store:
             return status, None
 
     def acquire(self, twin, holder, ttl_ms):
-        return self.call(
-            "POST", "/v1/leases", {"scope": f"twin/{twin}", "holder": holder, "ttl_ms": ttl_ms}
-        )
+        return self.call("POST", "/v1/leases", {"scope": f"twin/{twin}", "holder": holder, "ttl_ms": ttl_ms})
 
     def renew(self, lease_id):
         return self.call("POST", f"/v1/leases/{lease_id}/renew")
@@ -241,9 +239,15 @@ def main(argv=None):
     ap.add_argument("--count", type=int, default=10, help="events to publish (0: until stopped)")
     ap.add_argument("--interval-ms", type=int, default=1000, help="pause between events")
     ap.add_argument("--wait-for-lease", action="store_true", help="wait while another holder has it")
-    ap.add_argument("--apply-timeout-s", type=float, default=60, help="how long to wait for the store to apply the events")
     ap.add_argument(
-        "-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+        "--apply-timeout-s", type=float, default=60, help="how long to wait for the store to apply the events"
+    )
+    ap.add_argument(
+        "-X",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="a librdkafka producer setting (repeatable), e.g. -X linger.ms=1",
     )
     args = ap.parse_args(argv)
@@ -270,7 +274,9 @@ def main(argv=None):
     after = applied_cursor(store, args.twin)
     grant, sent_at = take_lease(store, args)
     lease = Lease(store, grant, renew_every_ms / 1000, sent_at)
-    log(f"lease acquired lease_id={lease.lease_id} token={lease.token} scope=twin/{args.twin} ttl_ms={grant['ttl_ms']}")
+    log(
+        f"lease acquired lease_id={lease.lease_id} token={lease.token} scope=twin/{args.twin} ttl_ms={grant['ttl_ms']}"
+    )
 
     conf = {
         "bootstrap.servers": args.brokers,
@@ -281,7 +287,10 @@ def main(argv=None):
         # librdkafka's default partitioner is fine: the store routes each
         # record by its key (docs/decisions/0018-ingest-any-partition.md).
     }
-    conf.update(parse_settings(args.settings))
+    try:
+        conf.update(parse_settings(args.settings))
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
     producer = Producer(conf)
     delivered, unsent, failed = [], [], []
 

@@ -22,7 +22,6 @@ for name in modules:
     importlib.import_module(name)
 print(f"ok imported {len(modules)} modules")
 
-api = importlib.import_module(package + ".api")
 models = importlib.import_module(package + ".models")
 acquire = importlib.import_module(package + ".api.leases.acquire")
 release = importlib.import_module(package + ".api.leases.release")
@@ -39,7 +38,9 @@ def expect(value, cls, what):
 
 
 def lease(holder):
-    return acquire.sync(client=client, body=models.LeaseIn(scope=f"twin/{twin}", holder=holder, ttl_ms=60_000))
+    return acquire.sync(
+        client=client, body=models.LeaseIn(scope=f"twin/{twin}", holder=holder, ttl_ms=60_000)
+    )
 
 
 # 1. Acquire.
@@ -80,7 +81,9 @@ print(f"ok acquired token={b.token}")
 r = append.sync_detailed(
     twin,
     client=client,
-    body=models.EventIn(type_="telemetry", patch=models.EventInPatch.from_dict({"rpm": 1}), event_id="gen-a-2"),
+    body=models.EventIn(
+        type_="telemetry", patch=models.EventInPatch.from_dict({"rpm": 1}), event_id="gen-a-2"
+    ),
     fencing_token=a.token,
 )
 assert r.status_code == 409, (r.status_code, r.content)
@@ -93,7 +96,11 @@ print(f"ok stale_token token={stale.token} fence={stale.fence}")
 r = append.sync(
     twin,
     client=client,
-    body=[models.EventIn(type_="telemetry", patch=models.EventInPatch.from_dict({"rpm": 900}), event_id="gen-b-1")],
+    body=[
+        models.EventIn(
+            type_="telemetry", patch=models.EventInPatch.from_dict({"rpm": 900}), event_id="gen-b-1"
+        )
+    ],
     fencing_token=b.token,
 )
 expect(r, models.AppendResponse, "append with the new token")

@@ -147,6 +147,10 @@ impl PyProcess {
         }
     }
 
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn lines(&self) -> Vec<String> {
         self.lines.lock().unwrap().clone()
     }
