@@ -13,8 +13,8 @@ records that are bound to be dropped (docs/kafka.md, "What happens to a
 record"). See README.md for how to run it.
 
 Exit codes: 0 done (every event applied, lease released), 1 an error,
-2 the lease is held by someone else (without --wait-for-lease),
-3 the lease was lost: the worker stopped.
+2 a usage error, 3 the lease was lost: the worker stopped, 4 the lease is
+held by someone else (without --wait-for-lease).
 """
 
 import argparse
@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-EXIT_OK, EXIT_ERROR, EXIT_HELD, EXIT_LOST = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_LOST, EXIT_HELD = 0, 1, 3, 4
 
 
 def log(*parts):
@@ -256,6 +256,10 @@ def main(argv=None):
     renew_every_ms = args.renew_every_ms or args.ttl_ms // 3
     if not 0 < renew_every_ms < args.ttl_ms:
         ap.error("--renew-every-ms must be above 0 and below --ttl-ms")
+    try:
+        settings = parse_settings(args.settings)
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
 
     from confluent_kafka import KafkaError, Producer  # noqa: PLC0415 (--help works without it)
 
@@ -287,10 +291,7 @@ def main(argv=None):
         # librdkafka's default partitioner is fine: the store routes each
         # record by its key (docs/decisions/0018-ingest-any-partition.md).
     }
-    try:
-        conf.update(parse_settings(args.settings))
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
+    conf.update(settings)
     producer = Producer(conf)
     delivered, unsent, failed = [], [], []
 
