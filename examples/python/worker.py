@@ -251,6 +251,8 @@ def main(argv=None):
         help="a librdkafka producer setting (repeatable), e.g. -X linger.ms=1",
     )
     args = ap.parse_args(argv)
+    if args.count < 0 or args.interval_ms < 0:
+        ap.error("--count and --interval-ms must not be negative")
     if args.ttl_ms < 100:
         ap.error("--ttl-ms must be at least 100 (the store's minimum)")
     renew_every_ms = args.renew_every_ms or args.ttl_ms // 3
@@ -261,7 +263,7 @@ def main(argv=None):
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
 
-    from confluent_kafka import KafkaError, Producer  # noqa: PLC0415 (--help works without it)
+    from confluent_kafka import KafkaError, KafkaException, Producer  # noqa: PLC0415 (--help works without it)
 
     content_type, encode = encoder(args.format, args.proto_dir)
     store = Store(args.url)
@@ -274,14 +276,6 @@ def main(argv=None):
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    # Before the lease: our events go after what the partition holds now.
-    after = applied_cursor(store, args.twin)
-    grant, sent_at = take_lease(store, args)
-    lease = Lease(store, grant, renew_every_ms / 1000, sent_at)
-    log(
-        f"lease acquired lease_id={lease.lease_id} token={lease.token} scope=twin/{args.twin} ttl_ms={grant['ttl_ms']}"
-    )
-
     conf = {
         "bootstrap.servers": args.brokers,
         # Durable before acknowledged, and no duplicates from the producer's
@@ -292,7 +286,20 @@ def main(argv=None):
         # record by its key (docs/decisions/0018-ingest-any-partition.md).
     }
     conf.update(settings)
-    producer = Producer(conf)
+    try:
+        # Before the lease, so that a bad setting leaves no lease behind.
+        producer = Producer(conf)
+    except KafkaException as e:
+        ap.error(f"the producer refused its settings: {e}")
+
+    # Before the lease: our events go after what the partition holds now.
+    after = applied_cursor(store, args.twin)
+    grant, sent_at = take_lease(store, args)
+    lease = Lease(store, grant, renew_every_ms / 1000, sent_at)
+    log(
+        f"lease acquired lease_id={lease.lease_id} token={lease.token} scope=twin/{args.twin} ttl_ms={grant['ttl_ms']}"
+    )
+
     delivered, unsent, failed = [], [], []
 
     def on_delivery(event_id, err, msg):
@@ -370,4 +377,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (OSError, RuntimeError) as e:
+        # The store unreachable or answering what a worker cannot go on
+        # from: one line, not a traceback.
+        log(f"error: {e}")
+        sys.exit(EXIT_ERROR)
