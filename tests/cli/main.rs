@@ -25,6 +25,9 @@ mod config_file;
 #[path = "05_bad_settings.rs"]
 mod bad_settings;
 
+#[path = "06_export_import.rs"]
+mod export_import;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -29,6 +29,9 @@ mod commands;
 mod config_check;
 pub mod publish;
 mod tail;
+mod transfer;
+
+pub use transfer::{ExportArgs, ImportArgs};
 
 /// The exit codes of every `palisade` command (shown by `palisade --help`).
 pub const EXIT_CODES: &str = "\
@@ -61,6 +64,12 @@ pub enum CliCommand {
     /// Settings files for `palisade serve`.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Write the store's events (or a partition's, or a twin's) as NDJSON,
+    /// up to the partition heads read at the start (docs/export.md).
+    Export(ExportArgs),
+    /// Append the events of an export to a store, twin by twin in their
+    /// exported order, with their event ids and HLCs (safe to run again).
+    Import(ImportArgs),
 }
 
 /// Where the store is and how to print.
@@ -240,6 +249,8 @@ impl CliCommand {
             Self::Tail(a) => a.conn.json,
             Self::Partitions(a) => a.conn.json,
             Self::Config(ConfigCommand::Check(a)) => a.json,
+            Self::Export(a) => a.conn.json,
+            Self::Import(a) => a.conn.json,
         }
     }
 }
@@ -260,6 +271,8 @@ pub async fn run(cmd: CliCommand, top: &ArgMatches) -> ExitCode {
         CliCommand::Tail(a) => tail::tail(a, m).await,
         CliCommand::Partitions(a) => commands::partitions(a).await,
         CliCommand::Config(ConfigCommand::Check(a)) => config_check::check(&a),
+        CliCommand::Export(a) => transfer::export(a).await,
+        CliCommand::Import(a) => transfer::import(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
