@@ -414,6 +414,62 @@ mod tests {
         }
     }
 
+    /// The names that reach `ApiError` as text from the layers below (the
+    /// log's append refusals, the event parser's kinds) are all
+    /// `ErrorName`s, so the SDK can branch on every name the store sends.
+    #[test]
+    fn names_from_lower_layers_are_error_names() {
+        use palisade_core::{ClockDrift, FencingToken, TwinId};
+        let t = FencingToken(1);
+        let appends = [
+            AppendError::Stale { token: t, fence: t },
+            AppendError::NotIssued { token: t },
+            AppendError::WrongScope {
+                token: t,
+                scope: "twin/a".parse().unwrap(),
+                twin: TwinId::new("b").unwrap(),
+            },
+            AppendError::VersionMismatch {
+                expected: 1,
+                current: 2,
+            },
+            AppendError::ClockDrift(ClockDrift {
+                hlc: "1/1".parse().unwrap(),
+                ahead_ms: 1,
+                max_drift_ms: 1,
+            }),
+            AppendError::BadPatch(palisade_twin::PatchError::TooDeep { max: 1 }),
+            AppendError::BadEvent("x".into()),
+            AppendError::Storage("x".into()),
+            AppendError::StorageFailed(palisade_log::StorageFailure {
+                op: "wal sync",
+                kind: std::io::ErrorKind::Other,
+                detail: "x".into(),
+                at_ms: 0,
+            }),
+            AppendError::Closed,
+            AppendError::NotServing("x".into()),
+        ];
+        for e in appends {
+            let reason = e.reason();
+            assert_eq!(ApiError::from(e).name(), reason);
+            assert!(ErrorName::from_name(reason).is_some(), "{reason}");
+        }
+        let bodies: [&[u8]; 5] = [
+            b"{",
+            b"[]",
+            b"7",
+            br#"{"type":"t"}"#,
+            br#"{"type":"t","patch":{},"hlc":"x"}"#,
+        ];
+        for body in bodies {
+            let kind = palisade_core::json::parse_events(body, |_| "id".into())
+                .unwrap_err()
+                .kind;
+            assert!(ErrorName::from_name(kind).is_some(), "{kind}");
+        }
+    }
+
     /// Refusals a client can act on keep their specific message.
     #[test]
     fn client_errors_keep_their_message() {
