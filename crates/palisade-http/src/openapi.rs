@@ -1,11 +1,12 @@
 //! The OpenAPI 3 document of the API, generated from the handlers'
-//! `#[utoipa::path]` annotations and the `ToSchema` types of `wire.rs`,
-//! served at `GET /v1/openapi.json` (built once). CI checks the running store
-//! against it with schemathesis (`scripts/api-fuzz`).
+//! `#[utoipa::path]` annotations and the `ToSchema` wire types of
+//! `palisade-api` (its `openapi` feature), served at `GET /v1/openapi.json`
+//! (built once). CI checks the running store against it with schemathesis
+//! (`scripts/api-fuzz`).
 //!
-//! The bodies' schemas come from the wire types of `palisade-api` (its
-//! `openapi` feature). Request bodies are parsed by `palisade_core::json`
-//! and `wire::LeaseIn`; error bodies are built in `error.rs`.
+//! Their doc comments are the document's descriptions. Request bodies are
+//! parsed by `palisade_core::json` and `wire::LeaseIn`; error bodies are
+//! built in `error.rs`; `EventsIn` below only describes the append body.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
