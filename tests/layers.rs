@@ -3,7 +3,8 @@
 //! every dependency between the workspace's crates is in the table below,
 //! and the production server (`palisade-server`) pulls in no benchmark,
 //! client-command or dev-tool crate, and no PostgreSQL, plotting or
-//! histogram crate. Read from `cargo metadata` and `cargo tree`, so a new
+//! histogram crate; the SDK (`palisade-client`) compiles no OpenAPI or
+//! server crate. Read from `cargo metadata` and `cargo tree`, so a new
 //! `[dependencies]` line that breaks the picture fails here.
 //!
 //! Guards against: a layer reaching up (the log depending on HTTP, the SDK
@@ -19,6 +20,8 @@ use serde_json::Value;
 /// Every allowed normal (non-dev) dependency between workspace crates.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("palisade-core", &[]),
+    // The wire types (decision 0020): serde and the core vocabulary only.
+    ("palisade-api", &["palisade-core"]),
     ("palisade-lease", &["palisade-core"]),
     ("palisade-twin", &["palisade-core"]),
     (
@@ -30,13 +33,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "palisade-http",
         &[
+            "palisade-api",
             "palisade-core",
             "palisade-lease",
             "palisade-log",
             "palisade-twin",
         ],
     ),
-    ("palisade-client", &["palisade-core"]),
+    ("palisade-client", &["palisade-api", "palisade-core"]),
     (
         "palisade-server",
         &[
@@ -101,6 +105,11 @@ const NOT_IN_SERVER: &[&str] = &[
     "indicatif",
     "criterion",
 ];
+
+/// Crates that must not be in the SDK's dependency tree: the OpenAPI
+/// derive stays behind palisade-api's `openapi` feature, which only the
+/// server turns on (decision 0020).
+const NOT_IN_SDK: &[&str] = &["utoipa", "axum", "sled", "palisade-http", "palisade-log"];
 
 fn cargo(args: &[&str]) -> Vec<u8> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -174,24 +183,30 @@ fn dependencies_between_crates_point_one_way() {
     );
 }
 
-#[test]
-fn the_server_has_no_benchmark_client_or_postgres_crates() {
-    // `cargo tree` resolves for this platform, normal dependencies only.
+/// The crate names in `package`'s normal dependency tree. `cargo tree`
+/// resolves for this platform, with the features this package alone turns
+/// on (not the whole workspace's).
+fn normal_tree(package: &str) -> BTreeSet<String> {
     let out = cargo(&[
         "tree",
         "-p",
-        "palisade-server",
+        package,
         "-e",
         "normal",
         "--prefix",
         "none",
         "--offline",
     ]);
-    let tree: BTreeSet<String> = String::from_utf8_lossy(&out)
+    String::from_utf8_lossy(&out)
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_server_has_no_benchmark_client_or_postgres_crates() {
+    let tree = normal_tree("palisade-server");
     assert!(tree.contains("sled") && tree.contains("axum"), "{tree:?}");
     let found: Vec<&&str> = NOT_IN_SERVER
         .iter()
@@ -200,5 +215,19 @@ fn the_server_has_no_benchmark_client_or_postgres_crates() {
     assert!(
         found.is_empty(),
         "palisade-server's dependency tree holds {found:?}"
+    );
+}
+
+#[test]
+fn the_sdk_compiles_no_openapi_or_server_crates() {
+    let tree = normal_tree("palisade-client");
+    assert!(
+        tree.contains("palisade-api") && tree.contains("reqwest"),
+        "{tree:?}"
+    );
+    let found: Vec<&&str> = NOT_IN_SDK.iter().filter(|c| tree.contains(**c)).collect();
+    assert!(
+        found.is_empty(),
+        "palisade-client's dependency tree holds {found:?}"
     );
 }

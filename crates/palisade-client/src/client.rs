@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
+use palisade_api::{ErrorName, LeaseIn};
 use reqwest::{Method, Url};
 use serde::Serialize;
-use serde_json::json;
 
 use crate::error::{from_response, ClientError};
 use crate::lease::{Lease, LeaseOptions};
-use crate::types::{Appended, Event, EventPage, LeaseGrant, Partitions, StoredEvent, TwinState};
+use crate::types::{Appended, Event, EventsPage, LeaseGrant, Partitions, StoredEvent, TwinState};
 use crate::watch::{EventStream, WatchFrom, WATCH_IDLE_TIMEOUT};
 
 /// How long establishing a connection may take.
@@ -107,7 +107,11 @@ impl Client {
         ttl: Duration,
     ) -> Result<LeaseGrant, ClientError> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let body = json!({ "scope": scope, "holder": holder, "ttl_ms": ttl_ms });
+        let body = LeaseIn {
+            scope: scope.to_owned(),
+            holder: holder.to_owned(),
+            ttl_ms,
+        };
         self.json(Method::POST, &["v1", "leases"], Some(&body))
             .await
     }
@@ -266,9 +270,11 @@ impl Client {
         }
         match self.send(self.http.get(url)).await {
             Ok(resp) => Ok(Some(resp.json().await?)),
-            Err(ClientError::Api {
-                status: 404, error, ..
-            }) if error == "twin_not_found" => Ok(None),
+            Err(e @ ClientError::Api { status: 404, .. })
+                if e.name() == Some(ErrorName::TwinNotFound) =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
@@ -358,7 +364,7 @@ impl Client {
         url.query_pairs_mut()
             .append_pair("after", &after.to_string())
             .append_pair("limit", &limit.to_string());
-        let page: EventPage = self.send(self.http.get(url)).await?.json().await?;
+        let page: EventsPage = self.send(self.http.get(url)).await?.json().await?;
         Ok(page.events)
     }
 }

@@ -1,6 +1,6 @@
 //! The client's one error type, and how a server error body becomes it.
 
-use serde_json::Value;
+use palisade_api::{ErrorBody, ErrorName, LeaseHeldError, StaleTokenError};
 
 /// Everything a call can fail with.
 ///
@@ -53,7 +53,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             Self::Stale { .. } | Self::LeaseHeld { .. } => Some(409),
-            Self::LeaseGone { reason } if reason == "lease_not_found" => Some(404),
+            Self::LeaseGone { reason } if reason == ErrorName::LeaseNotFound.as_str() => Some(404),
             Self::LeaseGone { .. } => Some(410),
             Self::Api { status, .. } => Some(*status),
             Self::Transport(e) => e.status().map(|s| s.as_u16()),
@@ -64,12 +64,19 @@ impl ClientError {
     /// The server's stable error name (`stale_token`, `lease_held`, …), if any.
     pub fn error_name(&self) -> Option<&str> {
         match self {
-            Self::Stale { .. } => Some("stale_token"),
-            Self::LeaseHeld { .. } => Some("lease_held"),
+            Self::Stale { .. } => Some(ErrorName::StaleToken.as_str()),
+            Self::LeaseHeld { .. } => Some(ErrorName::LeaseHeld.as_str()),
             Self::LeaseGone { reason } => Some(reason),
             Self::Api { error, .. } | Self::Stream { error, .. } => Some(error),
             Self::Transport(_) | Self::BadUrl(_) => None,
         }
+    }
+
+    /// [`error_name`](Self::error_name) as the typed name to branch on;
+    /// `None` also for a name this SDK does not know (a newer server's), or
+    /// one the SDK made up (`unexpected_response`, `idle_timeout`, ...).
+    pub fn name(&self) -> Option<ErrorName> {
+        self.error_name().and_then(ErrorName::from_name)
     }
 }
 
@@ -78,51 +85,53 @@ const MAX_RAW_MESSAGE: usize = 512;
 
 /// Turn a non-2xx response (status and body) into a [`ClientError`].
 pub(crate) fn from_response(status: u16, body: &[u8]) -> ClientError {
-    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let error = v.get("error").and_then(Value::as_str);
-    let num = |k: &str| v.get(k).and_then(Value::as_u64);
-    match (status, error) {
-        (409, Some("stale_token")) => {
-            if let (Some(token), Some(fence)) = (num("token"), num("fence")) {
-                return ClientError::Stale { token, fence };
+    // The server's error body; `None` for anything else (a proxy's page).
+    let head: Option<ErrorBody> = serde_json::from_slice(body).ok();
+    let name = head.as_ref().and_then(ErrorBody::name);
+    match (status, name) {
+        (409, Some(ErrorName::StaleToken)) => {
+            // A body missing its numbers is not invented into `Stale`.
+            if let Ok(s) = serde_json::from_slice::<StaleTokenError>(body) {
+                return ClientError::Stale {
+                    token: s.token,
+                    fence: s.fence,
+                };
             }
         }
-        (409, Some("lease_held")) => {
-            return ClientError::LeaseHeld {
-                holder: v
-                    .get("holder")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                expires_in_ms: num("expires_in_ms").unwrap_or(0),
+        (409, Some(ErrorName::LeaseHeld)) => {
+            if let Ok(h) = serde_json::from_slice::<LeaseHeldError>(body) {
+                return ClientError::LeaseHeld {
+                    holder: h.holder,
+                    expires_in_ms: h.expires_in_ms,
+                };
+            }
+        }
+        (410, _) => {
+            return ClientError::LeaseGone {
+                reason: head.map_or_else(|| "lease_gone".to_owned(), |h| h.error),
             };
         }
-        (410, reason) => {
+        (404, Some(ErrorName::LeaseNotFound)) => {
             return ClientError::LeaseGone {
-                reason: reason.unwrap_or("lease_gone").to_owned(),
-            };
-        }
-        (404, Some("lease_not_found")) => {
-            return ClientError::LeaseGone {
-                reason: "lease_not_found".to_owned(),
+                reason: ErrorName::LeaseNotFound.as_str().to_owned(),
             };
         }
         _ => {}
     }
-    let message = match v.get("message").and_then(Value::as_str) {
-        Some(m) => m.to_owned(),
+    let (error, message) = match head {
+        Some(h) => (h.error, h.message),
         None => {
             let raw = String::from_utf8_lossy(body);
             let mut end = raw.len().min(MAX_RAW_MESSAGE);
             while !raw.is_char_boundary(end) {
                 end -= 1;
             }
-            raw[..end].to_owned()
+            ("unexpected_response".to_owned(), raw[..end].to_owned())
         }
     };
     ClientError::Api {
         status,
-        error: error.unwrap_or("unexpected_response").to_owned(),
+        error,
         message,
     }
 }

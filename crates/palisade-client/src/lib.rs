@@ -16,6 +16,9 @@
 //!   typed [`ClientError::Stale`].
 //! - Appends are retried only where it is safe: on transport failures, and
 //!   only when every event has an `event_id` (the store dedupes by it).
+//! - The JSON types are the server's own (`palisade-api`), so what the store
+//!   sends is what these types read; refusals carry the store's stable
+//!   [`ErrorName`] ([`ClientError::name`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -62,6 +65,7 @@ mod watch;
 pub use client::{Client, APPEND_ATTEMPTS, APPEND_BACKOFF, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 pub use error::ClientError;
 pub use lease::{Lease, LeaseOptions};
+pub use palisade_api::ErrorName;
 pub use palisade_core::{Hlc, Scope};
 pub use types::{
     Appended, Event, LeaseGrant, PartitionInfo, PartitionOwner, Partitions, StoredEvent, TwinState,

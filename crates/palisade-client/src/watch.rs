@@ -150,15 +150,16 @@ fn decode(msg: SseMessage) -> Result<StoredEvent, ClientError> {
                 format!("event id {:?}: {e}", msg.id.unwrap_or_default()),
             )
         }),
-        "error" => {
-            let v: serde_json::Value =
-                serde_json::from_str(&msg.data).unwrap_or(serde_json::Value::Null);
-            let field = |k: &str| v.get(k).and_then(serde_json::Value::as_str);
-            Err(stream_error(
-                field("error").unwrap_or("stream_error"),
-                field("message").unwrap_or(&msg.data).to_owned(),
-            ))
-        }
+        "error" => Err(
+            match serde_json::from_str::<palisade_api::ErrorBody>(&msg.data) {
+                Ok(body) => ClientError::Stream {
+                    error: body.error,
+                    message: body.message,
+                },
+                // Not the store's error body: the frame's text is all there is.
+                Err(_) => stream_error("stream_error", msg.data),
+            },
+        ),
         other => Err(stream_error(
             "bad_event",
             format!("unexpected SSE event type {other:?}"),

@@ -4,12 +4,12 @@
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::Json;
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::error::ApiError;
-use crate::openapi::ErrorBody;
 use crate::routes::{query, AppState};
+use crate::wire::{AuditOut, AuditResponse, ErrorBody};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -21,38 +21,6 @@ pub(crate) struct AuditQuery {
     /// values are clamped).
     #[param(minimum = 1)]
     limit: Option<usize>,
-}
-
-/// One audit record.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct AuditOut {
-    /// Position in the log: increasing, never reused.
-    pub seq: u64,
-    /// Wall-clock milliseconds since 1970.
-    pub at_ms: u64,
-    /// `grant`, `renew`, `release`, `write`, `read` or `admin`.
-    pub action: String,
-    /// `ok`, `stale`, `forbidden`, `limited`, `unauthenticated` or `refused`.
-    pub outcome: String,
-    /// The principal (`anonymous:<holder>` for grants with authentication
-    /// off, empty when the request had no valid key).
-    pub principal: String,
-    /// `twin/<id>`, `partition/<p>` or `admin/<name>`; empty if unknown.
-    pub scope: String,
-    /// The fencing token involved (0: none).
-    pub token: u64,
-    /// The lease id, 32 hex characters (empty: none).
-    pub lease_id: String,
-    /// The stable error name of a refusal (empty on success).
-    pub detail: String,
-}
-
-/// `200` of `GET /v1/audit`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct AuditResponse {
-    pub records: Vec<AuditOut>,
-    /// Pass as `after` for the next page (`null`: no records in this page).
-    pub next_after: Option<u64>,
 }
 
 /// The audit log of lease operations and refused requests, oldest first.

@@ -57,6 +57,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::ApiError;
 use crate::tls::TlsAcceptor;
+use crate::wire::ErrorName;
 
 /// Limits on client connections (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -457,13 +458,13 @@ fn refusal_bytes(why: Refusal, max: usize, per_ip: usize) -> Vec<u8> {
 fn refusal_text(why: Refusal, max: usize, per_ip: usize) -> (&'static str, String) {
     match why {
         Refusal::Total => (
-            "too_many_connections",
+            ErrorName::TooManyConnections.as_str(),
             format!(
                 "the server has {max} connections open, its limit (--max-connections); retry later"
             ),
         ),
         Refusal::PerIp => (
-            "too_many_connections_from_address",
+            ErrorName::TooManyConnectionsFromAddress.as_str(),
             format!(
                 "your address has {per_ip} connections open, the limit per address \
                  (--max-connections-per-ip); close one or retry later"
@@ -810,7 +811,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
 fn body_timeout_response(limit: Duration) -> Response<Body> {
     let mut resp = ApiError::new(
         StatusCode::REQUEST_TIMEOUT,
-        "body_timeout",
+        ErrorName::BodyTimeout,
         format!(
             "the request body did not arrive within {} ms of its headers (--body-timeout-ms)",
             limit.as_millis()

@@ -5,7 +5,13 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use palisade_lease::LeaseError;
 use palisade_log::{AppendError, LeaseOpError, ReadError};
+use serde::Serialize;
 use serde_json::{json, Value};
+
+use crate::wire::{
+    ClockDriftError, ErrorBody, ErrorName, LeaseGoneError, LeaseHeldError, StaleTokenError,
+    TokenRefusedError, VersionMismatchError,
+};
 
 /// An API error: status, stable name, message and extra fields.
 #[derive(Debug)]
@@ -17,20 +23,26 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> Self {
+    /// `error` is an [`ErrorName`], or the text of one (a reason name from
+    /// a layer below, e.g. `palisade_core::json`'s).
+    pub fn new(
+        status: StatusCode,
+        error: impl Into<&'static str>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             status,
-            error,
+            error: error.into(),
             message: message.into(),
             details: Value::Null,
         }
     }
 
-    pub fn bad_request(error: &'static str, message: impl Into<String>) -> Self {
+    pub fn bad_request(error: impl Into<&'static str>, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, error, message)
     }
 
-    pub fn not_found(error: &'static str, message: impl Into<String>) -> Self {
+    pub fn not_found(error: impl Into<&'static str>, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, error, message)
     }
 
@@ -39,7 +51,8 @@ impl ApiError {
     /// id; the body carries the stable name, a generic message and the id,
     /// so an operator can find the log line (issue 18: 500 bodies carried
     /// raw OS error text).
-    pub fn internal(error: &'static str, cause: &dyn std::fmt::Display) -> Self {
+    pub fn internal(error: impl Into<&'static str>, cause: &dyn std::fmt::Display) -> Self {
+        let error = error.into();
         let incident = incident_id();
         tracing::error!(error, incident = %incident, cause = %cause, "internal error");
         Self::new(
@@ -55,7 +68,7 @@ impl ApiError {
     pub fn storage_failed(f: &palisade_log::StorageFailure) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "storage_failed",
+            ErrorName::StorageFailed,
             f.to_string(),
         )
         .with(json!({
@@ -71,6 +84,15 @@ impl ApiError {
     fn with(mut self, details: Value) -> Self {
         self.details = details;
         self
+    }
+
+    /// The details from one of the wire crate's typed error bodies, so the
+    /// bodies the SDK reads (`StaleTokenError`, ...) are written by the same
+    /// definition. Its `error` and `message` repeat this error's.
+    fn with_body(self, body: &impl Serialize) -> Self {
+        // A struct of strings and integers always serializes.
+        let details = serde_json::to_value(body).unwrap_or(Value::Null);
+        self.with(details)
     }
 
     pub fn status(&self) -> StatusCode {
@@ -105,14 +127,23 @@ impl IntoResponse for ApiError {
         let retry_after = (self.status == StatusCode::TOO_MANY_REQUESTS)
             .then(|| self.details.get("retry_after_s").and_then(Value::as_u64))
             .flatten();
-        let mut body = json!({ "error": self.error, "message": self.message });
+        let head = ErrorBody {
+            error: self.error.to_owned(),
+            message: self.message,
+            incident: None,
+        };
+        // Through a `Value`: its object (a `BTreeMap`) writes the keys
+        // sorted, the order error bodies have always had on the wire.
+        let mut body = serde_json::to_value(head).unwrap_or(Value::Null);
         if let (Value::Object(b), Value::Object(d)) = (&mut body, self.details) {
             b.extend(d);
         }
         let mut resp = (self.status, axum::Json(body)).into_response();
         // A store stopped by a storage failure does not come back by
         // itself: no Retry-After for it.
-        if self.status == StatusCode::SERVICE_UNAVAILABLE && self.error != "storage_failed" {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE
+            && self.error != ErrorName::StorageFailed.as_str()
+        {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -135,25 +166,52 @@ impl From<AppendError> for ApiError {
         let msg = e.to_string();
         let reason = e.reason();
         match e {
-            AppendError::Stale { token, fence } => Self::new(StatusCode::CONFLICT, reason, msg)
-                .with(json!({ "token": token.0, "fence": fence.0 })),
+            AppendError::Stale { token, fence } => {
+                let body = StaleTokenError {
+                    error: reason.to_owned(),
+                    message: msg.clone(),
+                    token: token.0,
+                    fence: fence.0,
+                };
+                Self::new(StatusCode::CONFLICT, reason, msg).with_body(&body)
+            }
             AppendError::NotIssued { token } => {
-                Self::new(StatusCode::FORBIDDEN, reason, msg).with(json!({ "token": token.0 }))
+                let body = TokenRefusedError {
+                    error: reason.to_owned(),
+                    message: msg.clone(),
+                    token: token.0,
+                    scope: None,
+                };
+                Self::new(StatusCode::FORBIDDEN, reason, msg).with_body(&body)
             }
             AppendError::WrongScope { token, scope, .. } => {
-                Self::new(StatusCode::FORBIDDEN, reason, msg)
-                    .with(json!({ "token": token.0, "scope": scope.to_string() }))
+                let body = TokenRefusedError {
+                    error: reason.to_owned(),
+                    message: msg.clone(),
+                    token: token.0,
+                    scope: Some(scope.to_string()),
+                };
+                Self::new(StatusCode::FORBIDDEN, reason, msg).with_body(&body)
             }
             AppendError::VersionMismatch { expected, current } => {
-                Self::new(StatusCode::PRECONDITION_FAILED, reason, msg)
-                    .with(json!({ "expected": expected, "current": current }))
+                let body = VersionMismatchError {
+                    error: reason.to_owned(),
+                    message: msg.clone(),
+                    expected: Some(expected),
+                    current: Some(current),
+                };
+                Self::new(StatusCode::PRECONDITION_FAILED, reason, msg).with_body(&body)
             }
-            AppendError::ClockDrift(d) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, reason, msg)
-                .with(json!({
-                    "hlc": d.hlc.to_string(),
-                    "ahead_ms": d.ahead_ms,
-                    "max_drift_ms": d.max_drift_ms,
-                })),
+            AppendError::ClockDrift(d) => {
+                let body = ClockDriftError {
+                    error: reason.to_owned(),
+                    message: msg.clone(),
+                    hlc: d.hlc.to_string(),
+                    ahead_ms: d.ahead_ms,
+                    max_drift_ms: d.max_drift_ms,
+                };
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, reason, msg).with_body(&body)
+            }
             AppendError::BadPatch(_) | AppendError::BadEvent(_) => Self::bad_request(reason, msg),
             AppendError::Storage(cause) => Self::internal(reason, &cause),
             AppendError::StorageFailed(f) => Self::storage_failed(&f),
@@ -168,24 +226,63 @@ impl From<LeaseOpError> for ApiError {
         let msg = e.to_string();
         match e {
             LeaseOpError::Lease(l) => match l {
-                LeaseError::Held { scope, holder, token, expires_in_ms } => Self::new(StatusCode::CONFLICT, "lease_held", msg)
-                    .with(json!({ "scope": scope.to_string(), "holder": holder, "token": token.0, "expires_in_ms": expires_in_ms })),
-                LeaseError::Expired(_) => Self::new(StatusCode::GONE, "lease_expired", msg),
-                LeaseError::Superseded { by_token, .. } => {
-                    Self::new(StatusCode::GONE, "lease_superseded", msg).with(json!({ "by_token": by_token.0 }))
+                LeaseError::Held {
+                    scope,
+                    holder,
+                    token,
+                    expires_in_ms,
+                } => {
+                    let name = ErrorName::LeaseHeld;
+                    let body = LeaseHeldError {
+                        error: name.to_string(),
+                        message: msg.clone(),
+                        scope: scope.to_string(),
+                        holder,
+                        token: token.0,
+                        expires_in_ms,
+                    };
+                    Self::new(StatusCode::CONFLICT, name, msg).with_body(&body)
                 }
-                LeaseError::Released(_) => Self::new(StatusCode::GONE, "lease_released", msg),
-                LeaseError::Unknown(_) => Self::not_found("lease_not_found", msg),
-                LeaseError::BadTtl(_) => Self::bad_request("bad_ttl", msg),
-                LeaseError::BadHolder => Self::bad_request("bad_holder", msg),
-                LeaseError::DuplicateId(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "lease_id_collision", msg),
-                LeaseError::TokensExhausted => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "tokens_exhausted", msg),
+                LeaseError::Expired(_) => Self::new(StatusCode::GONE, ErrorName::LeaseExpired, msg),
+                LeaseError::Superseded { by_token, .. } => {
+                    let name = ErrorName::LeaseSuperseded;
+                    let body = LeaseGoneError {
+                        error: name.to_string(),
+                        message: msg.clone(),
+                        by_token: Some(by_token.0),
+                    };
+                    Self::new(StatusCode::GONE, name, msg).with_body(&body)
+                }
+                LeaseError::Released(_) => {
+                    Self::new(StatusCode::GONE, ErrorName::LeaseReleased, msg)
+                }
+                LeaseError::Unknown(_) => Self::not_found(ErrorName::LeaseNotFound, msg),
+                LeaseError::BadTtl(_) => Self::bad_request(ErrorName::BadTtl, msg),
+                LeaseError::BadHolder => Self::bad_request(ErrorName::BadHolder, msg),
+                LeaseError::DuplicateId(_) => Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    ErrorName::LeaseIdCollision,
+                    msg,
+                ),
+                LeaseError::TokensExhausted => Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    ErrorName::TokensExhausted,
+                    msg,
+                ),
             },
-            LeaseOpError::UnknownPartition { .. } => Self::bad_request("unknown_partition", msg),
-            LeaseOpError::Storage(cause) => Self::internal("storage", &cause),
+            LeaseOpError::UnknownPartition { .. } => {
+                Self::bad_request(ErrorName::UnknownPartition, msg)
+            }
+            LeaseOpError::Storage(cause) => Self::internal(ErrorName::Storage, &cause),
             LeaseOpError::StorageFailed(f) => Self::storage_failed(&f),
-            LeaseOpError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "lease_authority_unavailable", msg),
-            LeaseOpError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "closed", msg),
+            LeaseOpError::Unavailable(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorName::LeaseAuthorityUnavailable,
+                msg,
+            ),
+            LeaseOpError::Closed => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorName::Closed, msg)
+            }
         }
     }
 }
@@ -194,8 +291,10 @@ impl From<ReadError> for ApiError {
     fn from(e: ReadError) -> Self {
         let msg = e.to_string();
         match e {
-            ReadError::UnknownPartition { .. } => Self::not_found("unknown_partition", msg),
-            ReadError::Storage(_) | ReadError::Damaged { .. } => Self::internal("storage", &msg),
+            ReadError::UnknownPartition { .. } => Self::not_found(ErrorName::UnknownPartition, msg),
+            ReadError::Storage(_) | ReadError::Damaged { .. } => {
+                Self::internal(ErrorName::Storage, &msg)
+            }
         }
     }
 }
@@ -205,7 +304,7 @@ impl From<crate::guard::Refusal> for ApiError {
         use crate::guard::Refusal as R;
         match r {
             R::Unauthenticated { reason } => {
-                Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", reason)
+                Self::new(StatusCode::UNAUTHORIZED, ErrorName::Unauthenticated, reason)
             }
             R::Forbidden {
                 principal,
@@ -213,13 +312,13 @@ impl From<crate::guard::Refusal> for ApiError {
                 scope,
             } => Self::new(
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorName::Forbidden,
                 format!("principal {principal:?} may not {action} on {scope}"),
             )
             .with(json!({ "action": action.name(), "scope": scope })),
             R::LeaseNotYours { principal } => Self::new(
                 StatusCode::FORBIDDEN,
-                "lease_not_yours",
+                ErrorName::LeaseNotYours,
                 format!(
                     "this lease was not granted to {principal:?} (another principal's, \
                      granted before authentication was on, or unknown)"
@@ -227,7 +326,7 @@ impl From<crate::guard::Refusal> for ApiError {
             ),
             R::TokenNotYours { token } => Self::new(
                 StatusCode::FORBIDDEN,
-                "token_not_yours",
+                ErrorName::TokenNotYours,
                 format!(
                     "fencing token {token} was not granted to you; take a lease of your own \
                      (tokens granted before authentication was on belong to nobody)"
@@ -240,36 +339,36 @@ impl From<crate::guard::Refusal> for ApiError {
                 let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
                 Self::new(
                     StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
+                    ErrorName::RateLimited,
                     format!("too many requests from this principal; retry in {secs} s"),
                 )
                 .with(json!({ "retry_after_s": secs.max(1) }))
             }
             R::TooManyLeases { held, max } => Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                "too_many_leases",
+                ErrorName::TooManyLeases,
                 format!("this principal holds {held} live leases; the limit is {max}; release one first"),
             )
             .with(json!({ "held": held, "max": max })),
             R::TwinIdTooLong { len, max } => Self::bad_request(
-                "twin_id_too_long",
+                ErrorName::TwinIdTooLong,
                 format!("twin id of {len} bytes; this store's limit is {max}"),
             ),
             R::PatchTooDeep { max } => Self::bad_request(
-                "bad_patch",
+                ErrorName::BadPatch,
                 format!("patch nests deeper than {max} levels (this store's limit)"),
             ),
             R::PatchTooLarge { len, max } => Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "patch_too_large",
+                ErrorName::PatchTooLarge,
                 format!("a patch of {len} bytes; this store's limit is {max} per event"),
             ),
             R::BodyTooLarge { max } => Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorName::BodyTooLarge,
                 format!("request body is larger than the {max}-byte limit"),
             ),
-            R::AuditStorage(e) => Self::internal("storage", &format!("audit log: {e}")),
+            R::AuditStorage(e) => Self::internal(ErrorName::Storage, &format!("audit log: {e}")),
         }
     }
 }
@@ -278,7 +377,7 @@ impl From<palisade_log::AuditError> for ApiError {
     fn from(e: palisade_log::AuditError) -> Self {
         match e {
             palisade_log::AuditError::Failed(f) => Self::storage_failed(&f),
-            other => Self::internal("storage", &other),
+            other => Self::internal(ErrorName::Storage, &other),
         }
     }
 }
@@ -312,6 +411,62 @@ mod tests {
             let incident = e.details["incident"].as_str().unwrap();
             assert_eq!(incident.len(), 12);
             assert!(e.message.contains(incident), "{}", e.message);
+        }
+    }
+
+    /// The names that reach `ApiError` as text from the layers below (the
+    /// log's append refusals, the event parser's kinds) are all
+    /// `ErrorName`s, so the SDK can branch on every name the store sends.
+    #[test]
+    fn names_from_lower_layers_are_error_names() {
+        use palisade_core::{ClockDrift, FencingToken, TwinId};
+        let t = FencingToken(1);
+        let appends = [
+            AppendError::Stale { token: t, fence: t },
+            AppendError::NotIssued { token: t },
+            AppendError::WrongScope {
+                token: t,
+                scope: "twin/a".parse().unwrap(),
+                twin: TwinId::new("b").unwrap(),
+            },
+            AppendError::VersionMismatch {
+                expected: 1,
+                current: 2,
+            },
+            AppendError::ClockDrift(ClockDrift {
+                hlc: "1/1".parse().unwrap(),
+                ahead_ms: 1,
+                max_drift_ms: 1,
+            }),
+            AppendError::BadPatch(palisade_twin::PatchError::TooDeep { max: 1 }),
+            AppendError::BadEvent("x".into()),
+            AppendError::Storage("x".into()),
+            AppendError::StorageFailed(palisade_log::StorageFailure {
+                op: "wal sync",
+                kind: std::io::ErrorKind::Other,
+                detail: "x".into(),
+                at_ms: 0,
+            }),
+            AppendError::Closed,
+            AppendError::NotServing("x".into()),
+        ];
+        for e in appends {
+            let reason = e.reason();
+            assert_eq!(ApiError::from(e).name(), reason);
+            assert!(ErrorName::from_name(reason).is_some(), "{reason}");
+        }
+        let bodies: [&[u8]; 5] = [
+            b"{",
+            b"[]",
+            b"7",
+            br#"{"type":"t"}"#,
+            br#"{"type":"t","patch":{},"hlc":"x"}"#,
+        ];
+        for body in bodies {
+            let kind = palisade_core::json::parse_events(body, |_| "id".into())
+                .unwrap_err()
+                .kind;
+            assert!(ErrorName::from_name(kind).is_some(), "{kind}");
         }
     }
 

@@ -1,18 +1,18 @@
 //! The OpenAPI 3 document of the API, generated from the handlers'
-//! `#[utoipa::path]` annotations and the `ToSchema` types of `wire.rs`,
-//! served at `GET /v1/openapi.json` (built once). CI checks the running store
-//! against it with schemathesis (`scripts/api-fuzz`).
+//! `#[utoipa::path]` annotations and the `ToSchema` wire types of
+//! `palisade-api` (its `openapi` feature), served at `GET /v1/openapi.json`
+//! (built once). CI checks the running store against it with schemathesis
+//! (`scripts/api-fuzz`).
 //!
-//! The types below only describe bodies for the document: request bodies are
-//! parsed by `palisade_core::json` and `wire::LeaseIn`, error bodies are
-//! built in `error.rs`.
+//! Their doc comments are the document's descriptions. Request bodies are
+//! parsed by `palisade_core::json` and `wire::LeaseIn`; error bodies are
+//! built in `error.rs`; `EventsIn` below only describes the append body.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use utoipa::openapi::schema::{ArrayBuilder, OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{OpenApi, PartialSchema, ToSchema};
@@ -56,10 +56,10 @@ use crate::wire;
         crate::audit_api::audit,
     ),
     components(schemas(
-        EventIn,
+        wire::EventIn,
         EventsIn,
         wire::LeaseIn,
-        ErrorBody,
+        wire::ErrorBody,
         wire::EventOut,
         wire::LeaseOut,
     )),
@@ -92,7 +92,7 @@ pub(crate) fn document() -> Result<&'static str, &'static str> {
     responses(
         (status = 200, description = "The OpenAPI 3 document of this API",
             content_type = "application/json", body = Object),
-        (status = 500, description = "`openapi` (the document could not be built)", body = ErrorBody),
+        (status = 500, description = "`openapi` (the document could not be built)", body = wire::ErrorBody),
     )
 )]
 pub(crate) async fn openapi_json() -> Response {
@@ -100,38 +100,11 @@ pub(crate) async fn openapi_json() -> Response {
         Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc).into_response(),
         Err(e) => crate::ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "openapi",
+            wire::ErrorName::Openapi,
             format!("the OpenAPI document could not be built: {e}"),
         )
         .into_response(),
     }
-}
-
-/// One event to append.
-// `Deserialize` only for `deny_unknown_fields`, which the document then shows
-// as `additionalProperties: false`, as the parser behaves.
-#[allow(dead_code)] // schema only: parsed by `palisade_core::json`
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(examples(
-    json!({"type": "reading", "patch": {"reported": {"temp": 21.5}}}),
-    json!({"type": "config", "patch": {"desired": {"fan": "on"}}, "event_id": "cfg-42"}),
-))]
-pub(crate) struct EventIn {
-    /// The event's type, 1..128 bytes.
-    #[serde(rename = "type")]
-    #[schema(min_length = 1, max_length = 128)]
-    event_type: String,
-    /// A JSON merge patch (RFC 7396) applied to the twin's state; nested at most 32 deep.
-    #[schema(value_type = Object)]
-    patch: serde_json::Value,
-    /// Hybrid logical clock of the event, `<ntp64>/<hex id>`; the store's if absent.
-    #[schema(pattern = "^[0-9]{1,20}/[0-9a-fA-F]*[1-9a-fA-F][0-9a-fA-F]*$")]
-    hlc: Option<String>,
-    /// 1..128 bytes; a retry with an id already stored for the twin is
-    /// acknowledged with the original seq, not appended twice. Random if absent.
-    #[schema(min_length = 1, max_length = 128)]
-    event_id: Option<String>,
 }
 
 /// The append body: one event object, or an array of 1 to `max_batch_events`
@@ -155,97 +128,4 @@ impl ToSchema for EventsIn {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("EventsIn")
     }
-}
-
-/// Every error: a stable name, a message for people, and per error some
-/// details (further properties).
-#[allow(dead_code)] // schema only: built in `error.rs`
-#[derive(ToSchema)]
-pub(crate) struct ErrorBody {
-    /// Stable name of the error, e.g. `bad_json`.
-    error: String,
-    /// For people.
-    message: String,
-    /// On a `500`: the id under which the store logged the cause (the body
-    /// carries no OS or storage error text).
-    incident: Option<String>,
-}
-
-/// `409 stale_token`: a later grant covering this twin was seen.
-#[allow(dead_code)] // schema only: built in `error.rs`
-#[derive(ToSchema)]
-pub(crate) struct StaleTokenError {
-    /// `stale_token`.
-    error: String,
-    message: String,
-    /// The token of the request.
-    token: u64,
-    /// The fence it is below.
-    fence: u64,
-}
-
-/// `403`: `token_not_issued` or `token_scope_mismatch`.
-#[allow(dead_code)] // schema only: built in `error.rs`
-#[derive(ToSchema)]
-pub(crate) struct TokenRefusedError {
-    /// `token_not_issued` or `token_scope_mismatch`.
-    error: String,
-    message: String,
-    token: u64,
-    /// `token_scope_mismatch` only: the scope the token was issued for.
-    #[schema(required = false, nullable = false)]
-    scope: Option<String>,
-}
-
-/// `412 version_mismatch`: `If-Match` does not name the twin's version; or
-/// `412 weak_if_match`: `If-Match` is a weak tag (`W/"12"`), which never
-/// matches under the strong comparison an append needs (no `expected`,
-/// `current`).
-#[allow(dead_code)] // schema only: built in `error.rs` and `routes.rs`
-#[derive(ToSchema)]
-pub(crate) struct VersionMismatchError {
-    /// `version_mismatch` or `weak_if_match`.
-    error: String,
-    message: String,
-    /// The version in `If-Match` (`version_mismatch` only).
-    expected: Option<u64>,
-    /// The twin's version (`version_mismatch` only).
-    current: Option<u64>,
-}
-
-/// `422 clock_drift`: the event's HLC is too far ahead of the store's clock.
-#[allow(dead_code)] // schema only: built in `error.rs`
-#[derive(ToSchema)]
-pub(crate) struct ClockDriftError {
-    /// `clock_drift`.
-    error: String,
-    message: String,
-    hlc: String,
-    ahead_ms: u64,
-    max_drift_ms: u64,
-}
-
-/// `409 lease_held`: another holder's lease on the scope is live.
-#[allow(dead_code)] // schema only: built in `error.rs`
-#[derive(ToSchema)]
-pub(crate) struct LeaseHeldError {
-    /// `lease_held`.
-    error: String,
-    message: String,
-    scope: String,
-    holder: String,
-    token: u64,
-    expires_in_ms: u64,
-}
-
-/// `410`: `lease_expired`, `lease_superseded` or `lease_released`.
-#[allow(dead_code)] // schema only: built in `error.rs`
-#[derive(ToSchema)]
-pub(crate) struct LeaseGoneError {
-    /// `lease_expired`, `lease_superseded` or `lease_released`.
-    error: String,
-    message: String,
-    /// `lease_superseded` only: the token of the grant that superseded it.
-    #[schema(required = false, nullable = false)]
-    by_token: Option<u64>,
 }

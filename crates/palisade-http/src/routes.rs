@@ -11,18 +11,16 @@ use palisade_core::{FencingToken, LeaseId, PartitionId, Scope, TwinId};
 use palisade_lease::AcquireRequest;
 use palisade_log::{AsOf, Store};
 use serde::Deserialize;
-use serde_json::json;
+
 use utoipa::IntoParams;
 
 use crate::error::ApiError;
-use crate::openapi::{
-    ClockDriftError, ErrorBody, EventsIn, LeaseGoneError, LeaseHeldError, StaleTokenError,
-    TokenRefusedError, VersionMismatchError,
-};
+use crate::openapi::EventsIn;
 use crate::wire::{
-    hlc_text, AppendResponse, DeadLetterOut, DeadLettersResponse, EventOut, EventsPage, Health,
-    LeaseIn, LeaseOut, PartitionOut, PartitionsResponse, RejectionOut, RejectionsResponse,
-    TwinResponse,
+    hlc_text, lease_out, AppendResponse, ClockDriftError, DeadLetterOut, DeadLettersResponse,
+    ErrorBody, ErrorName, EventOut, EventsPage, Health, LeaseGoneError, LeaseHeldError, LeaseIn,
+    LeaseOut, PartitionOut, PartitionsResponse, RejectionOut, RejectionsResponse, StaleTokenError,
+    TokenRefusedError, TwinResponse, VersionMismatchError,
 };
 use crate::HttpConfig;
 
@@ -95,7 +93,7 @@ fn build(
         ))
         .fallback(|| async {
             ApiError::not_found(
-                "no_such_route",
+                ErrorName::NoSuchRoute,
                 "no such route; see /v1/openapi.json and docs/http-api.md",
             )
         })
@@ -103,7 +101,7 @@ fn build(
         .method_not_allowed_fallback(|| async {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorName::MethodNotAllowed,
                 "this path does not take that method; see the Allow header",
             )
         })
@@ -187,18 +185,22 @@ fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiErro
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorName::BodyTooLarge,
                 format!("request body is larger than the {limit}-byte limit"),
             )
         } else {
-            ApiError::bad_request("bad_body", r.body_text())
+            ApiError::bad_request(ErrorName::BadBody, r.body_text())
         }
     })
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_request("bad_json", format!("request body is not valid: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(
+            ErrorName::BadJson,
+            format!("request body is not valid: {e}"),
+        )
+    })
 }
 
 /// The path of the twin routes.
@@ -230,28 +232,30 @@ pub(crate) struct LeasePath {
 
 /// A path; axum's own rejection (plain text, e.g. for `%FF`, which does not
 /// decode to UTF-8) becomes a JSON 400 named `error`.
-fn path<T>(p: Result<Path<T>, PathRejection>, error: &'static str) -> Result<T, ApiError> {
+fn path<T>(p: Result<Path<T>, PathRejection>, error: ErrorName) -> Result<T, ApiError> {
     p.map(|Path(t)| t)
         .map_err(|e| ApiError::bad_request(error, e.body_text()))
 }
 
 pub(crate) fn twin_id(p: Result<Path<TwinPath>, PathRejection>) -> Result<TwinId, ApiError> {
-    TwinId::new(path(p, "bad_twin_id")?.twin_id)
-        .map_err(|e| ApiError::bad_request("bad_twin_id", e.to_string()))
+    TwinId::new(path(p, ErrorName::BadTwinId)?.twin_id)
+        .map_err(|e| ApiError::bad_request(ErrorName::BadTwinId, e.to_string()))
 }
 
 /// The partition number, unchecked against the partition count.
 pub(crate) fn partition(
     p: Result<Path<PartitionPath>, PathRejection>,
 ) -> Result<Option<u32>, ApiError> {
-    Ok(path(p, "bad_partition")?.partition.parse().ok())
+    Ok(path(p, ErrorName::BadPartition)?.partition.parse().ok())
 }
 
 fn lease_id(p: Result<Path<LeasePath>, PathRejection>) -> Result<LeaseId, ApiError> {
-    path(p, "bad_lease_id")?
+    path(p, ErrorName::BadLeaseId)?
         .lease_id
         .parse()
-        .map_err(|e: palisade_core::IdError| ApiError::bad_request("bad_lease_id", e.to_string()))
+        .map_err(|e: palisade_core::IdError| {
+            ApiError::bad_request(ErrorName::BadLeaseId, e.to_string())
+        })
 }
 
 /// Acquire a lease on a partition or a twin: a new fencing token.
@@ -276,10 +280,9 @@ pub(crate) async fn acquire(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: LeaseIn = json_body(&body(b, s.config.max_body_bytes)?)?;
-    let scope: Scope = req
-        .scope
-        .parse()
-        .map_err(|e: palisade_core::IdError| ApiError::bad_request("bad_scope", e.to_string()))?;
+    let scope: Scope = req.scope.parse().map_err(|e: palisade_core::IdError| {
+        ApiError::bad_request(ErrorName::BadScope, e.to_string())
+    })?;
     let lease = s
         .store
         .acquire(AcquireRequest {
@@ -288,7 +291,7 @@ pub(crate) async fn acquire(
             ttl_ms: req.ttl_ms,
         })
         .await?;
-    let out = LeaseOut::new(&lease, lease.ttl_ms);
+    let out = lease_out(&lease, lease.ttl_ms);
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
@@ -312,7 +315,7 @@ pub(crate) async fn renew(
     id: Result<Path<LeasePath>, PathRejection>,
 ) -> Result<Json<LeaseOut>, ApiError> {
     let lease = s.store.renew(lease_id(id)?).await?;
-    Ok(Json(LeaseOut::new(&lease, lease.ttl_ms)))
+    Ok(Json(lease_out(&lease, lease.ttl_ms)))
 }
 
 /// Release a lease: its scope can be granted at once.
@@ -342,7 +345,7 @@ fn fencing_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
     let mut all = headers.get_all("fencing-token").iter();
     let raw = all.next().ok_or_else(|| {
         ApiError::bad_request(
-            "missing_token",
+            ErrorName::MissingToken,
             "the Fencing-Token header is required: the token of your lease",
         )
     })?;
@@ -351,23 +354,28 @@ fn fencing_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
     // token its sender did not mean. Refuse rather than guess.
     if all.next().is_some() {
         return Err(ApiError::bad_request(
-            "bad_token",
+            ErrorName::BadToken,
             "give exactly one Fencing-Token header",
         ));
     }
     let text = raw
         .to_str()
-        .map_err(|_| ApiError::bad_request("bad_token", "Fencing-Token must be a decimal number"))?
+        .map_err(|_| {
+            ApiError::bad_request(
+                ErrorName::BadToken,
+                "Fencing-Token must be a decimal number",
+            )
+        })?
         .trim();
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(ApiError::bad_request(
-            "bad_token",
+            ErrorName::BadToken,
             format!("Fencing-Token must be a non-negative decimal number, got {text:?}"),
         ));
     }
     text.parse::<u64>().map(FencingToken).map_err(|_| {
         ApiError::bad_request(
-            "bad_token",
+            ErrorName::BadToken,
             format!("Fencing-Token {text} does not fit in 64 bits"),
         )
     })
@@ -385,7 +393,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     };
     let bad = || {
         ApiError::bad_request(
-            "bad_if_match",
+            ErrorName::BadIfMatch,
             "If-Match must be one twin version (its ETag), e.g. \"12\"",
         )
     };
@@ -401,7 +409,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     if weak {
         return Err(ApiError::new(
             StatusCode::PRECONDITION_FAILED,
-            "weak_if_match",
+            ErrorName::WeakIfMatch,
             format!(
                 "If-Match compares entity tags strongly (RFC 9110 13.1.1): the weak tag \
                  W/\"{version}\" never matches; send \"{version}\""
@@ -454,7 +462,7 @@ pub(crate) async fn append(
     if events.len() > s.config.max_batch_events {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "batch_too_large",
+            ErrorName::BatchTooLarge,
             format!(
                 "{} events in one request; the limit is {}",
                 events.len(),
@@ -495,7 +503,7 @@ pub(crate) struct TwinQuery {
 
 pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t)
-        .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
+        .map_err(|e| ApiError::bad_request(ErrorName::BadQuery, e.body_text()))
 }
 
 /// A twin's state (now, or as of a seq or an HLC).
@@ -529,19 +537,19 @@ pub(crate) async fn get_twin(
     let at = match (q.at_seq, q.at_hlc) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
-                "bad_query",
+                ErrorName::BadQuery,
                 "give at_seq or at_hlc, not both",
             ))
         }
         (Some(seq), None) => AsOf::Seq(seq),
         (None, Some(h)) => AsOf::Hlc(h.parse().map_err(|e: palisade_core::HlcParseError| {
-            ApiError::bad_request("bad_hlc", e.to_string())
+            ApiError::bad_request(ErrorName::BadHlc, e.to_string())
         })?),
         (None, None) => AsOf::Latest,
     };
     let view = s.store.twin_async(&twin, at).await?.ok_or_else(|| {
         ApiError::not_found(
-            "twin_not_found",
+            ErrorName::TwinNotFound,
             format!(
                 "twin {twin:?} has no events{}",
                 if at == AsOf::Latest {
@@ -610,7 +618,7 @@ pub(crate) fn page_limit(
 ) -> Result<usize, ApiError> {
     match limit {
         Some(0) => Err(ApiError::bad_request(
-            "bad_query",
+            ErrorName::BadQuery,
             format!("limit must be 1 to {max} (larger values are clamped), got 0"),
         )),
         other => Ok(other.unwrap_or(default).min(max)),
@@ -619,10 +627,7 @@ pub(crate) fn page_limit(
 
 fn page(events: Vec<palisade_core::Event>) -> Json<EventsPage> {
     let next_after = events.last().map(|e| e.seq);
-    let events = events
-        .into_iter()
-        .map(|e| json!(EventOut::from(e)))
-        .collect();
+    let events = events.into_iter().map(EventOut::from).collect();
     Json(EventsPage { events, next_after })
 }
 
@@ -679,7 +684,7 @@ pub(crate) async fn partition_events(
 ) -> Result<Json<EventsPage>, ApiError> {
     let p = partition(p)?.ok_or_else(|| {
         ApiError::bad_request(
-            "bad_partition",
+            ErrorName::BadPartition,
             format!("partition must be a number below {}", s.store.partitions()),
         )
     })?;
@@ -711,10 +716,7 @@ pub(crate) async fn partitions(
         .map(|i| PartitionOut {
             fence: i.fence.0,
             head: i.head,
-            owner: i.owner.map(|l| {
-                let left = s.store.lease_expires_in(&l);
-                json!(LeaseOut::new(&l, left))
-            }),
+            owner: i.owner.map(|l| lease_out(&l, s.store.lease_expires_in(&l))),
             partition: i.partition.0,
         })
         .collect();

@@ -21,9 +21,8 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::error::ApiError;
-use crate::openapi::ErrorBody;
 use crate::routes::{AppState, PartitionPath, TwinPath};
-use crate::wire::EventOut;
+use crate::wire::{ErrorBody, ErrorName, EventOut};
 
 /// Events read from the log per wake-up.
 const PAGE: usize = 256;
@@ -60,7 +59,7 @@ fn start_after(headers: &HeaderMap, q: &WatchQuery, head: u64) -> Result<u64, Ap
             .and_then(|s| s.trim().parse::<u64>().ok())
             .ok_or_else(|| {
                 ApiError::bad_request(
-                    "bad_last_event_id",
+                    ErrorName::BadLastEventId,
                     "Last-Event-ID must be a sequence number",
                 )
             }),
@@ -101,12 +100,17 @@ fn stream_of(cursor: Cursor) -> impl Stream<Item = Result<SseEvent, Infallible>>
                     // As for a 500: the cause (sled's or the OS's words) is
                     // logged, the client gets the name and an incident id.
                     let incident = crate::error::incident_id();
-                    let msg = serde_json::json!({
-                        "error": "storage",
-                        "message": crate::error::internal_message("storage", &incident),
-                        "incident": incident,
-                    })
-                    .to_string();
+                    let name = ErrorName::Storage;
+                    let body = ErrorBody {
+                        error: name.to_string(),
+                        message: crate::error::internal_message(name.as_str(), &incident),
+                        incident: Some(incident.clone()),
+                    };
+                    // Through a `Value`, whose keys are sorted: the order
+                    // this frame has always had.
+                    let msg = serde_json::to_value(body)
+                        .map(|v| v.to_string())
+                        .unwrap_or_default();
                     tracing::warn!(error = %e, incident = %incident, "change stream read failed");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     return Some((Ok(SseEvent::default().event("error").data(msg)), c));
@@ -127,7 +131,7 @@ fn open_stream(
 ) -> Result<Response, ApiError> {
     let head = s.store.watch_head(p).ok_or_else(|| {
         ApiError::not_found(
-            "unknown_partition",
+            ErrorName::UnknownPartition,
             format!(
                 "partition {p} does not exist; this store has {}",
                 s.store.partitions()
@@ -202,8 +206,9 @@ pub(crate) async fn watch_partition(
     q: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = crate::routes::query(q)?;
-    let p = crate::routes::partition(p)?
-        .ok_or_else(|| ApiError::bad_request("bad_partition", "partition must be a number"))?;
+    let p = crate::routes::partition(p)?.ok_or_else(|| {
+        ApiError::bad_request(ErrorName::BadPartition, "partition must be a number")
+    })?;
     open_stream(
         &s,
         Source::Partition(PartitionId(p)),

@@ -1,0 +1,177 @@
+//! What the read and operations endpoints answer: a twin, partitions,
+//! refused writes, dead letters, the audit log, health.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::LeaseOut;
+
+// The response structs that replaced `json!` bodies keep their fields in
+// alphabetical order: that is the order `json!` (a `BTreeMap`) wrote them
+// in, so the bytes on the wire did not change.
+
+/// `200` of `GET /v1/twins/{twin_id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TwinResponse {
+    /// Desired fields that differ from (or are missing in) `reported`; `null`
+    /// unless the state has a `desired` object.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub delta: Option<Value>,
+    /// The twin's current fence (also for time travel).
+    pub fence: u64,
+    /// Per leaf, keyed by JSON Pointer: the HLC of the write that set it.
+    pub hlc: BTreeMap<String, String>,
+    pub partition: u32,
+    /// The twin's state: its events' merge patches applied in HLC order.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub state: Value,
+    pub twin_id: String,
+    /// Sequence number of the latest event included; also the `ETag`.
+    pub version: u64,
+}
+
+/// `200` of `GET /v1/partitions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PartitionsResponse {
+    /// The last fencing token the store issued (0: none yet).
+    pub last_token: u64,
+    pub partitions: Vec<PartitionOut>,
+}
+
+/// A partition's summary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PartitionOut {
+    pub fence: u64,
+    /// Sequence number of the latest event (0: empty).
+    pub head: u64,
+    /// The live partition-scoped lease, if any. A `LeaseOut` as a `Value`:
+    /// its keys keep the (sorted) order this body has always had.
+    #[serde(serialize_with = "crate::sorted::serialize")]
+    pub owner: Option<LeaseOut>,
+    pub partition: u32,
+}
+
+/// `200` of `GET /v1/rejections`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RejectionsResponse {
+    /// Newest first.
+    pub rejections: Vec<RejectionOut>,
+}
+
+/// A refused write (HTTP or Kafka): enough to find the record and to
+/// reconcile what the writer tried to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RejectionOut {
+    pub at_ms: u64,
+    /// The ids of the refused events, in order.
+    pub event_ids: Vec<String>,
+    pub message: String,
+    /// The Kafka offset (`null` for HTTP), in `source_partition`.
+    pub offset: Option<u64>,
+    /// The store partition of the twin.
+    pub partition: u32,
+    /// Stable reason name, as the `error` of the refused request.
+    pub reason: String,
+    /// `http` or `kafka`.
+    pub source: String,
+    /// The Kafka partition the record was read from (`null` for HTTP); it
+    /// may differ from `partition`: records are routed by key.
+    pub source_partition: Option<u32>,
+    pub token: u64,
+    /// The twin (the record's key).
+    pub twin_id: String,
+}
+
+/// `200` of `GET /v1/dead-letters`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DeadLettersResponse {
+    pub dead_letters: Vec<DeadLetterOut>,
+}
+
+/// A Kafka record that could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DeadLetterOut {
+    pub at_ms: u64,
+    /// Record headers as `[name, value]` pairs (UTF-8, lossy).
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Vec<String>>))]
+    pub headers: Vec<(String, String)>,
+    /// The record key (UTF-8, lossy), if it had one.
+    pub key: Option<String>,
+    pub message: String,
+    pub offset: u64,
+    pub partition: u32,
+    pub reason: String,
+    /// The first bytes of the value (UTF-8, lossy).
+    pub value: String,
+    pub value_len: u64,
+}
+
+/// One audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditOut {
+    /// Position in the log: increasing, never reused.
+    pub seq: u64,
+    /// Wall-clock milliseconds since 1970.
+    pub at_ms: u64,
+    /// `grant`, `renew`, `release`, `write`, `read` or `admin`.
+    pub action: String,
+    /// `ok`, `stale`, `forbidden`, `limited`, `unauthenticated` or `refused`.
+    pub outcome: String,
+    /// The principal (`anonymous:<holder>` for grants with authentication
+    /// off, empty when the request had no valid key).
+    pub principal: String,
+    /// `twin/<id>`, `partition/<p>` or `admin/<name>`; empty if unknown.
+    pub scope: String,
+    /// The fencing token involved (0: none).
+    pub token: u64,
+    /// The lease id, 32 hex characters (empty: none).
+    pub lease_id: String,
+    /// The stable error name of a refusal (empty on success).
+    pub detail: String,
+}
+
+/// `200` of `GET /v1/audit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditResponse {
+    pub records: Vec<AuditOut>,
+    /// Pass as `after` for the next page (`null`: no records in this page).
+    pub next_after: Option<u64>,
+}
+
+/// `GET /healthz`: `200` with `ok`, or `503` with `failed` and the storage
+/// failure that stopped the store from acknowledging writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Health {
+    /// `ok`, or `failed` after a storage failure (restart the store).
+    pub status: String,
+    /// What failed, when `status` is `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<HealthFailure>,
+}
+
+/// The storage failure behind a `failed` health.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HealthFailure {
+    /// `wal write`, `wal sync`, `sled apply`, `checkpoint`.
+    pub op: String,
+    /// The OS error kind (e.g. `no storage space`).
+    pub kind: String,
+    pub detail: String,
+    /// When it happened (ms since 1970).
+    pub at_ms: u64,
+    /// For people.
+    pub message: String,
+}
