@@ -70,6 +70,26 @@ test("a write appears live and a stale rejection is counted", async () => {
   assert.equal(stale.status, 409);
   await page.waitForFunction(() => Number(document.querySelector("#stale-count").textContent) >= 1, null, { timeout: 10000 });
   assert.match(await page.textContent("#rejections"), /stale_token/);
+  // The twin's timeline shows who wrote what under which token, and the refused attempt.
+  await page.waitForFunction(() => [...document.querySelectorAll("#timeline li.refused")].some((li) => li.textContent.includes("stale_token")), null, { timeout: 10000 });
+  const written = await page.locator("#timeline li.written").allTextContents();
+  assert.equal(written.length, 2, String(written));
+  assert.ok(written.every((t) => t.includes("A wrote") && t.includes(`under token ${a.body.token}`)), String(written));
+  assert.match(await page.textContent("#timeline li.refused"), new RegExp(`token ${a.body.token}`));
+
+  // Live charts, from the store's own /metrics: the writes and the refusal
+  // show as points above the baseline, latency has its two lines, and there
+  // is no Kafka lag without Kafka.
+  const peak = (sel) => page.evaluate((sel) => {
+    const ys = [...document.querySelectorAll(sel)].flatMap((l) => (l.getAttribute("points") || "").trim().split(" ").filter(Boolean).map((p) => Number(p.split(",")[1])));
+    return ys.length ? Math.min(...ys) : null;
+  }, sel);
+  await page.waitForFunction(() => document.querySelectorAll('#chart-refusals polyline[data-series="stale_token"]').length === 1, null, { timeout: 10000 });
+  assert.ok((await peak("#chart-appends polyline")) < 80, "appends chart stays flat");
+  assert.ok((await peak('#chart-refusals polyline[data-series="stale_token"]')) < 80, "refusal chart stays flat");
+  assert.equal(await page.locator("#chart-latency polyline").count(), 2);
+  assert.ok((await peak("#chart-latency polyline")) < 88, "latency chart stays at 0");
+  assert.match(await page.textContent("#chart-lag .legend"), /no Kafka ingestion/);
   // The partitions table lists every partition.
   assert.equal(await page.locator("#partitions tbody tr").count(), 16);
   await page.screenshot({ path: join(root, "target", "operator-page.png"), fullPage: true });
