@@ -19,6 +19,7 @@ use serde_json::Value;
 /// Every allowed normal (non-dev) dependency between workspace crates.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("palisade-core", &[]),
+    ("palisade-auth", &["palisade-core"]),
     ("palisade-lease", &["palisade-core"]),
     ("palisade-twin", &["palisade-core"]),
     (
@@ -30,6 +31,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "palisade-http",
         &[
+            "palisade-auth",
             "palisade-core",
             "palisade-lease",
             "palisade-log",
@@ -40,6 +42,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "palisade-server",
         &[
+            "palisade-auth",
             "palisade-core",
             "palisade-etcd",
             "palisade-http",

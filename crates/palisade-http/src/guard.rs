@@ -34,10 +34,10 @@ use palisade_core::{FencingToken, LeaseId, NewEvent, Scope, TwinId};
 use palisade_log::{AuditAction, AuditOutcome, AuditRecord};
 use serde_json::Value;
 
-use crate::auth::{Action, Identity};
 use crate::error::ApiError;
 use crate::routes::AppState;
 use crate::security::ANONYMOUS;
+use palisade_auth::{Action, Identity};
 
 /// The rate bucket of requests without a valid key (not a valid principal
 /// name: names have no control characters).
