@@ -51,8 +51,8 @@ pub enum Principal<'a> {
     Known(&'a Identity),
 }
 
-impl Principal<'_> {
-    pub fn name(&self) -> &str {
+impl<'a> Principal<'a> {
+    pub fn name(&self) -> &'a str {
         match self {
             Self::Anonymous => ANONYMOUS,
             Self::Known(id) => id.name(),

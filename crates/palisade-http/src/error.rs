@@ -3,8 +3,9 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use palisade_auth::AuthError;
 use palisade_lease::LeaseError;
-use palisade_log::{AppendError, LeaseOpError, ReadError};
+use palisade_log::{AppendError, AuditOutcome, LeaseOpError, ReadError};
 use serde_json::{json, Value};
 
 /// An API error: status, stable name, message and extra fields.
@@ -14,6 +15,11 @@ pub struct ApiError {
     error: &'static str,
     message: String,
     details: Value,
+    /// How the audit log records this error when the request is audited
+    /// (an append, a lease operation); `None`: not worth a record (e.g.
+    /// malformed input). Set where the typed error becomes an `ApiError`,
+    /// so nobody reads a response back to find out.
+    audit: Option<AuditOutcome>,
 }
 
 impl ApiError {
@@ -23,7 +29,19 @@ impl ApiError {
             error,
             message: message.into(),
             details: Value::Null,
+            audit: None,
         }
+    }
+
+    /// This error, audited as `outcome`.
+    pub(crate) fn audited(mut self, outcome: AuditOutcome) -> Self {
+        self.audit = Some(outcome);
+        self
+    }
+
+    /// How the audit log records this error, if it is worth a record.
+    pub(crate) fn audit_outcome(&self) -> Option<AuditOutcome> {
+        self.audit
     }
 
     pub fn bad_request(error: &'static str, message: impl Into<String>) -> Self {
@@ -136,13 +154,15 @@ impl From<AppendError> for ApiError {
         let reason = e.reason();
         match e {
             AppendError::Stale { token, fence } => Self::new(StatusCode::CONFLICT, reason, msg)
-                .with(json!({ "token": token.0, "fence": fence.0 })),
-            AppendError::NotIssued { token } => {
-                Self::new(StatusCode::FORBIDDEN, reason, msg).with(json!({ "token": token.0 }))
-            }
+                .with(json!({ "token": token.0, "fence": fence.0 }))
+                .audited(AuditOutcome::Stale),
+            AppendError::NotIssued { token } => Self::new(StatusCode::FORBIDDEN, reason, msg)
+                .with(json!({ "token": token.0 }))
+                .audited(AuditOutcome::Forbidden),
             AppendError::WrongScope { token, scope, .. } => {
                 Self::new(StatusCode::FORBIDDEN, reason, msg)
                     .with(json!({ "token": token.0, "scope": scope.to_string() }))
+                    .audited(AuditOutcome::Forbidden)
             }
             AppendError::VersionMismatch { expected, current } => {
                 Self::new(StatusCode::PRECONDITION_FAILED, reason, msg)
@@ -200,23 +220,24 @@ impl From<ReadError> for ApiError {
     }
 }
 
-impl From<crate::guard::Refusal> for ApiError {
-    fn from(r: crate::guard::Refusal) -> Self {
-        use crate::guard::Refusal as R;
+impl From<crate::caller::Refusal> for ApiError {
+    fn from(r: crate::caller::Refusal) -> Self {
+        use crate::caller::Refusal as R;
         match r {
             R::Unauthenticated { reason } => {
                 Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", reason)
             }
-            R::Forbidden {
+            R::Policy(AuthError::Forbidden {
                 principal,
                 action,
                 scope,
-            } => Self::new(
+            }) => Self::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",
                 format!("principal {principal:?} may not {action} on {scope}"),
             )
             .with(json!({ "action": action.name(), "scope": scope })),
+            R::Policy(other) => Self::new(StatusCode::FORBIDDEN, "forbidden", other.to_string()),
             R::LeaseNotYours { principal } => Self::new(
                 StatusCode::FORBIDDEN,
                 "lease_not_yours",
@@ -263,12 +284,14 @@ impl From<crate::guard::Refusal> for ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "patch_too_large",
                 format!("a patch of {len} bytes; this store's limit is {max} per event"),
-            ),
+            )
+            .audited(AuditOutcome::Limited),
             R::BodyTooLarge { max } => Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 format!("request body is larger than the {max}-byte limit"),
-            ),
+            )
+            .audited(AuditOutcome::Limited),
             R::AuditStorage(e) => Self::internal("storage", &format!("audit log: {e}")),
         }
     }
@@ -301,7 +324,7 @@ mod tests {
                 key: b"/srv sled key".to_vec(),
                 source: palisade_core::codec::CodecError::Empty,
             }),
-            ApiError::from(crate::guard::Refusal::AuditStorage(os.into())),
+            ApiError::from(crate::caller::Refusal::AuditStorage(os.into())),
         ];
         for e in errors {
             assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);

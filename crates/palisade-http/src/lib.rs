@@ -8,10 +8,10 @@
 //! from the handlers (`openapi.rs`) and served at `/v1/openapi.json`.
 
 mod audit_api;
+mod caller;
 pub mod cluster;
 mod conn;
 mod error;
-mod guard;
 mod openapi;
 mod routes;
 mod security;
