@@ -351,31 +351,17 @@ impl Admitted {
         Ok(Some(held_lock))
     }
 
-    /// A granted lease: with authentication on, its token and id are bound
-    /// to the principal before they leave the store (a token or lease
-    /// bound to nobody is refused for every principal); then audited.
-    pub(crate) async fn granted(
-        &mut self,
-        holder: &str,
-        token: FencingToken,
-        id: LeaseId,
-    ) -> Result<(), ApiError> {
+    /// Who a lease taken now is bound to inside the store's grant
+    /// (`Store::acquire_for`): the principal, with authentication on.
+    pub(crate) fn owner(&self) -> Option<&str> {
+        self.identity.as_ref().map(Identity::name)
+    }
+
+    /// A granted lease, audited with its token and id.
+    pub(crate) async fn granted(&mut self, token: FencingToken, id: LeaseId) {
         self.record.token = token.0;
         self.record.lease_id = id.0;
-        if self.authenticated() {
-            let audit = self.store.audit();
-            let bound = match audit.bind_token(token, holder).await {
-                Ok(()) => audit.bind_lease(id.0, holder).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = bound {
-                return Err(
-                    self.refuse(AuditOutcome::Refused, Refusal::AuditStorage(e.to_string()))
-                );
-            }
-        }
         self.done().await;
-        Ok(())
     }
 
     /// A lease operation done: audited and flushed (grants, renewals and

@@ -325,16 +325,21 @@ pub(crate) async fn acquire(
         _ => lease_request(&bytes),
     };
     let (req, scope) = req.map_err(|e| call.failed(e, Some(AuditOutcome::Refused)))?;
+    // With authentication on, the token and lease are bound to the
+    // principal inside the grant: nobody else can use them, ever.
     let lease = s
         .store
-        .acquire(AcquireRequest {
-            scope,
-            holder: req.holder,
-            ttl_ms: req.ttl_ms,
-        })
+        .acquire_for(
+            AcquireRequest {
+                scope,
+                holder: req.holder,
+                ttl_ms: req.ttl_ms,
+            },
+            call.owner(),
+        )
         .await
         .map_err(|e| call.failed(e.into(), Some(AuditOutcome::Refused)))?;
-    call.granted(&holder, lease.token, lease.id).await?;
+    call.granted(lease.token, lease.id).await;
     let out = LeaseOut::new(&lease, lease.ttl_ms);
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
