@@ -168,7 +168,7 @@ impl Caller {
             (None, Some((AuditOutcome::Unauthenticated, _))) => String::new(),
             _ => self.name().to_owned(),
         };
-        let mut admitted = Admitted {
+        let admitted = Admitted {
             store: self.store,
             security: self.security,
             identity: self.identity,
@@ -186,10 +186,7 @@ impl Caller {
         };
         match self.refused {
             Some((outcome, r)) => Err(admitted.refuse(outcome, r)),
-            None => {
-                admitted.record.principal = admitted.name().to_owned();
-                Ok(admitted)
-            }
+            None => Ok(admitted),
         }
     }
 }
@@ -323,7 +320,7 @@ impl Admitted {
     }
 
     /// The live-lease limit for `holder` taking `scope`, checked and then
-    /// held (the guard returned) until the grant is done, so two
+    /// held (the lock guard returned) until the grant is done, so two
     /// concurrent acquires cannot both pass it.
     pub(crate) async fn lease_limit(
         &mut self,
