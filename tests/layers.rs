@@ -22,6 +22,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("palisade-core", &[]),
     // The wire types (decision 0020): serde and the core vocabulary only.
     ("palisade-api", &["palisade-core"]),
+    ("palisade-auth", &["palisade-core"]),
     ("palisade-lease", &["palisade-core"]),
     ("palisade-twin", &["palisade-core"]),
     (
@@ -34,6 +35,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "palisade-http",
         &[
             "palisade-api",
+            "palisade-auth",
             "palisade-core",
             "palisade-lease",
             "palisade-log",
@@ -44,6 +46,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "palisade-server",
         &[
+            "palisade-auth",
             "palisade-core",
             "palisade-etcd",
             "palisade-http",

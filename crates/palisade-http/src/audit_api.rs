@@ -1,5 +1,5 @@
 //! `GET /v1/audit`: the audit log, oldest first, for principals with
-//! `admin` on `admin/audit` (the guard checks that).
+//! `admin` on `admin/audit`.
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -7,6 +7,10 @@ use axum::Json;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use palisade_auth::{Action, Resource};
+use palisade_log::AuditAction;
+
+use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::routes::{query, AppState};
 use crate::wire::{AuditOut, AuditResponse, ErrorBody};
@@ -39,8 +43,12 @@ pub(crate) struct AuditQuery {
 )]
 pub(crate) async fn audit(
     State(s): State<AppState>,
+    caller: Caller,
     q: Result<Query<AuditQuery>, QueryRejection>,
 ) -> Result<Json<AuditResponse>, ApiError> {
+    caller
+        .admit(AuditAction::Admin)?
+        .authorize(Action::Admin, &Resource::Admin("audit".into()))?;
     let q = query(q)?;
     let limit = crate::routes::page_limit(q.limit, 100, s.config.max_page)?;
     let records: Vec<AuditOut> = s

@@ -3,8 +3,9 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use palisade_auth::AuthError;
 use palisade_lease::LeaseError;
-use palisade_log::{AppendError, LeaseOpError, ReadError};
+use palisade_log::{AppendError, AuditOutcome, LeaseOpError, ReadError};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -20,6 +21,11 @@ pub struct ApiError {
     error: &'static str,
     message: String,
     details: Value,
+    /// How the audit log records this error when the request is audited
+    /// (an append, a lease operation); `None`: not worth a record (e.g.
+    /// malformed input). Set where the typed error becomes an `ApiError`,
+    /// so nobody reads a response back to find out.
+    audit: Option<AuditOutcome>,
 }
 
 impl ApiError {
@@ -35,7 +41,19 @@ impl ApiError {
             error: error.into(),
             message: message.into(),
             details: Value::Null,
+            audit: None,
         }
+    }
+
+    /// This error, audited as `outcome`.
+    pub(crate) fn audited(mut self, outcome: AuditOutcome) -> Self {
+        self.audit = Some(outcome);
+        self
+    }
+
+    /// How the audit log records this error, if it is worth a record.
+    pub(crate) fn audit_outcome(&self) -> Option<AuditOutcome> {
+        self.audit
     }
 
     pub fn bad_request(error: impl Into<&'static str>, message: impl Into<String>) -> Self {
@@ -173,7 +191,9 @@ impl From<AppendError> for ApiError {
                     token: token.0,
                     fence: fence.0,
                 };
-                Self::new(StatusCode::CONFLICT, reason, msg).with_body(&body)
+                Self::new(StatusCode::CONFLICT, reason, msg)
+                    .with_body(&body)
+                    .audited(AuditOutcome::Stale)
             }
             AppendError::NotIssued { token } => {
                 let body = TokenRefusedError {
@@ -182,7 +202,9 @@ impl From<AppendError> for ApiError {
                     token: token.0,
                     scope: None,
                 };
-                Self::new(StatusCode::FORBIDDEN, reason, msg).with_body(&body)
+                Self::new(StatusCode::FORBIDDEN, reason, msg)
+                    .with_body(&body)
+                    .audited(AuditOutcome::Forbidden)
             }
             AppendError::WrongScope { token, scope, .. } => {
                 let body = TokenRefusedError {
@@ -191,7 +213,9 @@ impl From<AppendError> for ApiError {
                     token: token.0,
                     scope: Some(scope.to_string()),
                 };
-                Self::new(StatusCode::FORBIDDEN, reason, msg).with_body(&body)
+                Self::new(StatusCode::FORBIDDEN, reason, msg)
+                    .with_body(&body)
+                    .audited(AuditOutcome::Forbidden)
             }
             AppendError::VersionMismatch { expected, current } => {
                 let body = VersionMismatchError {
@@ -299,23 +323,24 @@ impl From<ReadError> for ApiError {
     }
 }
 
-impl From<crate::guard::Refusal> for ApiError {
-    fn from(r: crate::guard::Refusal) -> Self {
-        use crate::guard::Refusal as R;
+impl From<crate::caller::Refusal> for ApiError {
+    fn from(r: crate::caller::Refusal) -> Self {
+        use crate::caller::Refusal as R;
         match r {
             R::Unauthenticated { reason } => {
                 Self::new(StatusCode::UNAUTHORIZED, ErrorName::Unauthenticated, reason)
             }
-            R::Forbidden {
+            R::Policy(AuthError::Forbidden {
                 principal,
                 action,
                 scope,
-            } => Self::new(
+            }) => Self::new(
                 StatusCode::FORBIDDEN,
                 ErrorName::Forbidden,
                 format!("principal {principal:?} may not {action} on {scope}"),
             )
             .with(json!({ "action": action.name(), "scope": scope })),
+            R::Policy(other) => Self::new(StatusCode::FORBIDDEN, "forbidden", other.to_string()),
             R::LeaseNotYours { principal } => Self::new(
                 StatusCode::FORBIDDEN,
                 ErrorName::LeaseNotYours,
@@ -362,12 +387,14 @@ impl From<crate::guard::Refusal> for ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 ErrorName::PatchTooLarge,
                 format!("a patch of {len} bytes; this store's limit is {max} per event"),
-            ),
+            )
+            .audited(AuditOutcome::Limited),
             R::BodyTooLarge { max } => Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 ErrorName::BodyTooLarge,
                 format!("request body is larger than the {max}-byte limit"),
-            ),
+            )
+            .audited(AuditOutcome::Limited),
             R::AuditStorage(e) => Self::internal(ErrorName::Storage, &format!("audit log: {e}")),
         }
     }
@@ -400,7 +427,7 @@ mod tests {
                 key: b"/srv sled key".to_vec(),
                 source: palisade_core::codec::CodecError::Empty,
             }),
-            ApiError::from(crate::guard::Refusal::AuditStorage(os.into())),
+            ApiError::from(crate::caller::Refusal::AuditStorage(os.into())),
         ];
         for e in errors {
             assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);

@@ -8,11 +8,10 @@
 //! from the handlers (`openapi.rs`) and served at `/v1/openapi.json`.
 
 mod audit_api;
-pub mod auth;
+mod caller;
 pub mod cluster;
 mod conn;
 mod error;
-mod guard;
 mod openapi;
 mod routes;
 mod security;
@@ -28,6 +27,9 @@ use tokio::net::TcpListener;
 
 pub use conn::ConnectionLimits;
 pub use error::ApiError;
+/// The authorization policy (`palisade-auth`), under its old path for code
+/// that names `palisade_http::auth`.
+pub use palisade_auth as auth;
 pub use routes::router;
 pub use security::{Limits, Security, SecurityFile, ANONYMOUS};
 pub use wire::{EventOut, LeaseOut};

@@ -7,13 +7,15 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use palisade_auth::{Action, Resource};
 use palisade_core::{FencingToken, LeaseId, PartitionId, Scope, TwinId};
 use palisade_lease::AcquireRequest;
-use palisade_log::{AsOf, Store};
+use palisade_log::{AsOf, AuditAction, AuditOutcome, Store};
 use serde::Deserialize;
 
 use utoipa::IntoParams;
 
+use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::openapi::EventsIn;
 use crate::wire::{
@@ -58,7 +60,7 @@ fn build(
     keep_open: Option<Arc<tokio::sync::watch::Sender<bool>>>,
 ) -> Router {
     let limit = config.max_body_bytes;
-    crate::guard::install(&store, &config);
+    crate::caller::install(&store, &config);
     let state = AppState {
         store,
         config,
@@ -85,12 +87,6 @@ fn build(
         .route("/v1/dead-letters", get(dead_letters))
         .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .route("/v1/audit", get(crate::audit_api::audit))
-        // Authentication, authorization, limits and audit (`guard.rs`):
-        // added after every route, so it covers all of them.
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::guard::guard,
-        ))
         .fallback(|| async {
             ApiError::not_found(
                 ErrorName::NoSuchRoute,
@@ -171,12 +167,19 @@ pub(crate) async fn healthz(State(s): State<AppState>) -> Response {
     tag = "operations",
     responses((status = 200, description = "Prometheus text", content_type = "text/plain", body = String))
 )]
-pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
-    (
+pub(crate) async fn metrics(
+    State(s): State<AppState>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
+    let mut call = caller.admit(AuditAction::Admin)?;
+    if !call.security().public_metrics {
+        call.authorize(Action::Read, &Resource::Admin("metrics".into()))?;
+    }
+    Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.store.metrics().render() + &s.store.audit().render_metrics(),
     )
-        .into_response()
+        .into_response())
 }
 
 /// Read a body, turning the limit rejection into a JSON 413.
@@ -188,6 +191,7 @@ fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiErro
                 ErrorName::BodyTooLarge,
                 format!("request body is larger than the {limit}-byte limit"),
             )
+            .audited(AuditOutcome::Limited)
         } else {
             ApiError::bad_request(ErrorName::BadBody, r.body_text())
         }
@@ -258,6 +262,15 @@ fn lease_id(p: Result<Path<LeasePath>, PathRejection>) -> Result<LeaseId, ApiErr
         })
 }
 
+/// A lease request body and its scope.
+fn lease_request(bytes: &[u8]) -> Result<(LeaseIn, Scope), ApiError> {
+    let req: LeaseIn = json_body(bytes)?;
+    let scope = req.scope.parse().map_err(|e: palisade_core::IdError| {
+        ApiError::bad_request(ErrorName::BadScope, e.to_string())
+    })?;
+    Ok((req, scope))
+}
+
 /// Acquire a lease on a partition or a twin: a new fencing token.
 #[utoipa::path(
     post,
@@ -277,20 +290,62 @@ fn lease_id(p: Result<Path<LeasePath>, PathRejection>) -> Result<LeaseId, ApiErr
 )]
 pub(crate) async fn acquire(
     State(s): State<AppState>,
+    caller: Caller,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: LeaseIn = json_body(&body(b, s.config.max_body_bytes)?)?;
-    let scope: Scope = req.scope.parse().map_err(|e: palisade_core::IdError| {
-        ApiError::bad_request(ErrorName::BadScope, e.to_string())
-    })?;
+    let mut call = caller.admit(AuditAction::Grant)?;
+    let bytes = body(b, s.config.max_body_bytes).map_err(|e| call.failed(e, None))?;
+    // The scope, to authorize before anything else; a body without one the
+    // handler would accept is refused below (400) without an audit record.
+    let mut fields = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(m)) => Some(m),
+        _ => None,
+    };
+    let scope = fields
+        .as_ref()
+        .and_then(|m| m.get("scope"))
+        .and_then(serde_json::Value::as_str)
+        .and_then(|t| t.parse::<Scope>().ok());
+    let Some(scope) = scope else {
+        return Err(lease_request(&bytes).err().unwrap_or_else(|| {
+            ApiError::bad_request(
+                ErrorName::BadScope,
+                "scope must be partition/<p> or twin/<id>",
+            )
+        }));
+    };
+    call.authorize(Action::Lease, &Resource::Lease(scope.clone()))?;
+    let claimed = fields
+        .as_ref()
+        .and_then(|m| m.get("holder"))
+        .and_then(serde_json::Value::as_str);
+    let holder = call.holder(claimed);
+    let _limit = call.lease_limit(&holder, &scope).await?;
+    // With authentication on the holder is the principal, whatever the
+    // body says (or whether it says anything).
+    let req = match (call.authenticated(), fields.as_mut()) {
+        (true, Some(m)) => {
+            m.insert("holder".into(), serde_json::Value::String(holder.clone()));
+            lease_request(&serde_json::to_vec(m).unwrap_or_default())
+        }
+        _ => lease_request(&bytes),
+    };
+    let (req, scope) = req.map_err(|e| call.failed(e, Some(AuditOutcome::Refused)))?;
+    // With authentication on, the token and lease are bound to the
+    // principal inside the grant: nobody else can use them, ever.
     let lease = s
         .store
-        .acquire(AcquireRequest {
-            scope,
-            holder: req.holder,
-            ttl_ms: req.ttl_ms,
-        })
-        .await?;
+        .acquire_for(
+            AcquireRequest {
+                scope,
+                holder: req.holder,
+                ttl_ms: req.ttl_ms,
+            },
+            call.owner(),
+        )
+        .await
+        .map_err(|e| call.failed(e.into(), Some(AuditOutcome::Refused)))?;
+    call.granted(lease.token, lease.id).await;
     let out = lease_out(&lease, lease.ttl_ms);
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
@@ -312,9 +367,18 @@ pub(crate) async fn acquire(
 )]
 pub(crate) async fn renew(
     State(s): State<AppState>,
+    caller: Caller,
     id: Result<Path<LeasePath>, PathRejection>,
 ) -> Result<Json<LeaseOut>, ApiError> {
-    let lease = s.store.renew(lease_id(id)?).await?;
+    let mut call = caller.admit(AuditAction::Renew)?;
+    let id = lease_id(id)?;
+    call.owns_lease(id)?;
+    let lease = s
+        .store
+        .renew(id)
+        .await
+        .map_err(|e| call.failed(e.into(), Some(AuditOutcome::Refused)))?;
+    call.done().await;
     Ok(Json(lease_out(&lease, lease.ttl_ms)))
 }
 
@@ -335,9 +399,17 @@ pub(crate) async fn renew(
 )]
 pub(crate) async fn release(
     State(s): State<AppState>,
+    caller: Caller,
     id: Result<Path<LeasePath>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    s.store.release(lease_id(id)?).await?;
+    let mut call = caller.admit(AuditAction::Release)?;
+    let id = lease_id(id)?;
+    call.owns_lease(id)?;
+    s.store
+        .release(id)
+        .await
+        .map_err(|e| call.failed(e.into(), Some(AuditOutcome::Refused)))?;
+    call.done().await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -447,14 +519,44 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 )]
 pub(crate) async fn append(
     State(s): State<AppState>,
+    caller: Caller,
     twin: Result<Path<TwinPath>, PathRejection>,
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let mut call = caller.admit(AuditAction::Write)?;
+    // A path that does not decode names no twin: refused below (400)
+    // before anything happens, and not audited.
+    let twin = twin_id(twin);
+    let audited = twin.is_ok();
+    if let Ok(t) = &twin {
+        let resource = call.twin(t);
+        call.authorize(Action::Write, &resource)?;
+        if let Some(token) = crate::caller::claimed_token(&headers) {
+            call.owns_token(token)?;
+        }
+    }
+    append_events(&s, twin, &headers, b).await.map_err(|e| {
+        if audited {
+            call.failed(e, None)
+        } else {
+            e
+        }
+    })
+}
+
+/// [`append`] once the caller may: the request's checks in the order the
+/// API documents them, then the store's.
+async fn append_events(
+    s: &AppState,
+    twin: Result<TwinId, ApiError>,
+    headers: &HeaderMap,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let bytes = body(b, s.config.max_body_bytes)?;
-    let twin = twin_id(twin)?;
-    let token = fencing_token(&headers)?;
-    let expected = if_match(&headers)?;
+    let twin = twin?;
+    let token = fencing_token(headers)?;
+    let expected = if_match(headers)?;
     // Without an id there is no retry dedupe; a random one keeps ids unique.
     let events =
         palisade_core::json::parse_events(&bytes, |_| uuid::Uuid::new_v4().simple().to_string())
@@ -468,9 +570,10 @@ pub(crate) async fn append(
                 events.len(),
                 s.config.max_batch_events
             ),
-        ));
+        )
+        .audited(AuditOutcome::Limited));
     }
-    crate::guard::check_patches(&s.config.security.limits, &events)?;
+    crate::caller::check_patches(&s.config.security.limits, &events)?;
     let done = s.store.append(twin, token, events, expected).await?;
     let mut resp = (
         StatusCode::CREATED,
@@ -528,11 +631,15 @@ pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiErro
 )]
 pub(crate) async fn get_twin(
     State(s): State<AppState>,
+    caller: Caller,
     twin: Result<Path<TwinPath>, PathRejection>,
     headers: HeaderMap,
     q: Result<Query<TwinQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
     let twin = twin_id(twin)?;
+    let resource = call.twin(&twin);
+    call.authorize(Action::Read, &resource)?;
     let q = query(q)?;
     let at = match (q.at_seq, q.at_hlc) {
         (Some(_), Some(_)) => {
@@ -648,10 +755,14 @@ fn page(events: Vec<palisade_core::Event>) -> Json<EventsPage> {
 )]
 pub(crate) async fn twin_events(
     State(s): State<AppState>,
+    caller: Caller,
     twin: Result<Path<TwinPath>, PathRejection>,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<EventsPage>, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
     let twin = twin_id(twin)?;
+    let resource = call.twin(&twin);
+    call.authorize(Action::Read, &resource)?;
     let q = query(q)?;
     let limit = page_limit(q.limit, 100, s.config.max_page)?;
     Ok(page(
@@ -679,15 +790,18 @@ pub(crate) async fn twin_events(
 )]
 pub(crate) async fn partition_events(
     State(s): State<AppState>,
+    caller: Caller,
     p: Result<Path<PartitionPath>, PathRejection>,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<EventsPage>, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
     let p = partition(p)?.ok_or_else(|| {
         ApiError::bad_request(
             ErrorName::BadPartition,
             format!("partition must be a number below {}", s.store.partitions()),
         )
     })?;
+    call.authorize(Action::Read, &Resource::Partition(PartitionId(p)))?;
     let q = query(q)?;
     let limit = page_limit(q.limit, 100, s.config.max_page)?;
     Ok(page(
@@ -709,7 +823,11 @@ pub(crate) async fn partition_events(
 )]
 pub(crate) async fn partitions(
     State(s): State<AppState>,
+    caller: Caller,
 ) -> Result<Json<PartitionsResponse>, ApiError> {
+    caller
+        .admit(AuditAction::Admin)?
+        .authorize(Action::Read, &Resource::Admin("partitions".into()))?;
     let infos = s.store.partition_infos_async().await?;
     let partitions = infos
         .into_iter()
@@ -749,8 +867,12 @@ pub(crate) struct LimitQuery {
 )]
 pub(crate) async fn rejections(
     State(s): State<AppState>,
+    caller: Caller,
     q: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Json<RejectionsResponse>, ApiError> {
+    caller
+        .admit(AuditAction::Admin)?
+        .authorize(Action::Read, &Resource::Admin("rejections".into()))?;
     let limit = page_limit(query(q)?.limit, 100, palisade_log::REJECTION_LOG_LEN)?;
     let rejections = s
         .store
@@ -801,8 +923,12 @@ pub(crate) struct DeadLetterQuery {
 )]
 pub(crate) async fn dead_letters(
     State(s): State<AppState>,
+    caller: Caller,
     q: Result<Query<DeadLetterQuery>, QueryRejection>,
 ) -> Result<Json<DeadLettersResponse>, ApiError> {
+    caller
+        .admit(AuditAction::Admin)?
+        .authorize(Action::Read, &Resource::Admin("dead-letters".into()))?;
     let q = query(q)?;
     // `partition` is a Kafka partition: the topic may have more than the
     // store (records are routed by key), so any number is a valid filter.

@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::auth::{Auth, PrincipalFile, RoleFile};
+use palisade_auth::{Auth, PrincipalFile, RoleFile};
 
-/// The principal of every request when authentication is off.
-pub const ANONYMOUS: &str = "anonymous";
+pub use palisade_auth::ANONYMOUS;
 
 /// Slowest request rate a principal may be limited to: below it the wait
 /// before the next request no longer fits a `Duration`, let alone a person.
@@ -145,7 +144,9 @@ impl Security {
         let auth = if f.principals.is_empty() {
             None
         } else {
-            Some(Arc::new(Auth::new(&f.roles, &f.principals)?))
+            Some(Arc::new(
+                Auth::new(&f.roles, &f.principals).map_err(|e| e.to_string())?,
+            ))
         };
         Ok(Self {
             auth,

@@ -4,6 +4,10 @@
 //! always reads the events after the last one it sent from the log, so a
 //! reconnect or a missed wake-up can neither skip nor repeat an event.
 
+use palisade_auth::{Action, Resource};
+use palisade_log::AuditAction;
+
+use crate::caller::Caller;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -172,12 +176,19 @@ fn open_stream(
 )]
 pub(crate) async fn watch_twin(
     State(s): State<AppState>,
+    caller: Caller,
     twin: Result<Path<TwinPath>, PathRejection>,
     headers: HeaderMap,
     q: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
+    let twin = crate::routes::twin_id(twin);
+    if let Ok(t) = &twin {
+        let resource = call.twin(t);
+        call.authorize(Action::Read, &resource)?;
+    }
     let q = crate::routes::query(q)?;
-    let twin = crate::routes::twin_id(twin)?;
+    let twin = twin?;
     let p = s.store.partition_of(&twin);
     open_stream(&s, Source::Twin(twin), p, &headers, &q)
 }
@@ -201,12 +212,18 @@ pub(crate) async fn watch_twin(
 )]
 pub(crate) async fn watch_partition(
     State(s): State<AppState>,
+    caller: Caller,
     p: Result<Path<PartitionPath>, PathRejection>,
     headers: HeaderMap,
     q: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
+    let p = crate::routes::partition(p);
+    if let Ok(Some(n)) = &p {
+        call.authorize(Action::Read, &Resource::Partition(PartitionId(*n)))?;
+    }
     let q = crate::routes::query(q)?;
-    let p = crate::routes::partition(p)?.ok_or_else(|| {
+    let p = p?.ok_or_else(|| {
         ApiError::bad_request(ErrorName::BadPartition, "partition must be a number")
     })?;
     open_stream(

@@ -377,12 +377,8 @@ impl AuditLog {
     /// Bind `token` to the principal that was granted it, durably (flushed
     /// before returning, so the token never reaches its holder unbound).
     pub async fn bind_token(&self, token: FencingToken, principal: &str) -> Result<(), AuditError> {
-        self.write_durably(vec![RawWrite {
-            tree: TreeId::TOKEN_OWNERS,
-            key: token.0.to_be_bytes().to_vec(),
-            value: Some(principal.as_bytes().to_vec()),
-        }])
-        .await
+        self.write_durably(vec![token_owner_write(token, principal)])
+            .await
     }
 
     /// Bind lease `id` to the principal that was granted it, durably, like
@@ -390,12 +386,8 @@ impl AuditLog {
     /// Renewals and releases are checked against this, whichever lease
     /// backend holds the lease.
     pub async fn bind_lease(&self, id: u128, principal: &str) -> Result<(), AuditError> {
-        self.write_durably(vec![RawWrite {
-            tree: TreeId::TOKEN_OWNERS,
-            key: id.to_be_bytes().to_vec(),
-            value: Some(principal.as_bytes().to_vec()),
-        }])
-        .await
+        self.write_durably(vec![lease_owner_write(id, principal)])
+            .await
     }
 
     /// The principal lease `id` was granted to, if granted with
@@ -439,10 +431,75 @@ impl AuditLog {
     }
 }
 
+/// The `token_owners` entry binding `token` to `principal` (8-byte key).
+pub(crate) fn token_owner_write(token: FencingToken, principal: &str) -> RawWrite {
+    RawWrite {
+        tree: TreeId::TOKEN_OWNERS,
+        key: token.0.to_be_bytes().to_vec(),
+        value: Some(principal.as_bytes().to_vec()),
+    }
+}
+
+/// The `token_owners` entry binding lease `id` to `principal` (16-byte key).
+pub(crate) fn lease_owner_write(id: u128, principal: &str) -> RawWrite {
+    RawWrite {
+        tree: TreeId::TOKEN_OWNERS,
+        key: id.to_be_bytes().to_vec(),
+        value: Some(principal.as_bytes().to_vec()),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Issue 13: ownership is bound inside the store's grant, in the round
+    /// that writes the lease and raises the fence, so no lease or token of
+    /// an owned grant is ever seen unbound; a grant without an owner
+    /// (authentication off) binds nothing.
+    #[tokio::test]
+    async fn an_owned_grant_binds_its_token_and_lease_to_the_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let owned = {
+            let store = crate::Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+            let req = |twin: &str| palisade_lease::AcquireRequest {
+                scope: palisade_core::Scope::Twin(palisade_core::TwinId::new(twin).unwrap()),
+                holder: "worker-a".into(),
+                ttl_ms: 10_000,
+            };
+            let owned = store
+                .acquire_for(req("pump-1"), Some("worker-a"))
+                .await
+                .unwrap();
+            let log = store.audit();
+            assert_eq!(
+                log.token_owner(owned.token).unwrap().as_deref(),
+                Some("worker-a")
+            );
+            assert_eq!(
+                log.lease_owner(owned.id.0).unwrap().as_deref(),
+                Some("worker-a")
+            );
+            let anonymous = store.acquire(req("pump-2")).await.unwrap();
+            assert_eq!(log.token_owner(anonymous.token).unwrap(), None);
+            assert_eq!(log.lease_owner(anonymous.id.0).unwrap(), None);
+            store.close().await;
+            owned
+        };
+        // Durable with the grant: still bound after a reopen.
+        let store = crate::Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        let log = store.audit();
+        assert_eq!(
+            log.token_owner(owned.token).unwrap().as_deref(),
+            Some("worker-a")
+        );
+        assert_eq!(
+            log.lease_owner(owned.id.0).unwrap().as_deref(),
+            Some("worker-a")
+        );
+        store.close().await;
+    }
 
     fn rec(principal: &str) -> AuditRecord {
         AuditRecord {

@@ -380,8 +380,21 @@ impl Store {
     /// partition writer that enforces the scope raises its fence. The lease is
     /// returned only after both are durable, so a paused former holder is
     /// refused even before the new holder's first write.
-    #[instrument(skip_all, fields(scope = %req.scope, holder = %req.holder))]
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Lease, LeaseOpError> {
+        self.acquire_for(req, None).await
+    }
+
+    /// [`Store::acquire`] for a principal (authentication on): the token
+    /// and the lease id are bound to `owner` inside the grant, so appends,
+    /// renewals and releases by anyone else are refused. With the embedded
+    /// authority the binding is written in the grant's own round; with a
+    /// remote one it is made durable before the lease is returned.
+    #[instrument(skip_all, fields(scope = %req.scope, holder = %req.holder))]
+    pub async fn acquire_for(
+        &self,
+        req: AcquireRequest,
+        owner: Option<&str>,
+    ) -> Result<Lease, LeaseOpError> {
         if let Scope::Partition(p) = &req.scope {
             if p.0 >= self.partitions {
                 self.metrics.lease_refused("unknown_partition");
@@ -394,6 +407,9 @@ impl Store {
         }
         if let Some(remote) = self.remote.get() {
             let lease = self.remote_acquire(remote.as_ref(), req).await?;
+            if let Some(o) = owner {
+                self.bind_owner(&lease, o).await?;
+            }
             if remote.registers_grants() {
                 self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
                 return Ok(lease);
@@ -413,9 +429,27 @@ impl Store {
         // lease records and raises the scope's fence in one round.
         let id = LeaseId(uuid::Uuid::new_v4().as_u128());
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Acquire { req, id, reply })
-            .map_err(|_| LeaseOpError::Closed)?;
+        self.send(Command::Acquire {
+            req,
+            id,
+            owner: owner.map(str::to_owned),
+            reply,
+        })
+        .map_err(|_| LeaseOpError::Closed)?;
         rx.await.map_err(|_| LeaseOpError::Closed)?
+    }
+
+    /// A remote grant's owner, durably, before the lease leaves the store.
+    async fn bind_owner(&self, lease: &Lease, owner: &str) -> Result<(), LeaseOpError> {
+        let audit = self.audit();
+        let bound = match audit.bind_token(lease.token, owner).await {
+            Ok(()) => audit.bind_lease(lease.id.0, owner).await,
+            Err(e) => Err(e),
+        };
+        bound.map_err(|e| match e {
+            crate::AuditError::Failed(f) => LeaseOpError::StorageFailed(f),
+            other => LeaseOpError::Storage(format!("token owners: {other}")),
+        })
     }
 
     /// Extend a live lease by its TTL (by lease id only); durable (its new

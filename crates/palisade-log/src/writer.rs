@@ -121,6 +121,9 @@ pub(crate) enum Command {
     Acquire {
         req: AcquireRequest,
         id: LeaseId,
+        /// The principal the token and lease are bound to in the grant's
+        /// round (`token_owners`); `None` with authentication off.
+        owner: Option<String>,
         reply: oneshot::Sender<Result<Lease, LeaseOpError>>,
     },
     Renew {
@@ -426,7 +429,12 @@ impl Sequencer {
                 let n = self.sources.claim_legacy(&topic, &mut self.open.ops);
                 self.open.ack(ack(reply, Ok(n), AppendError::StorageFailed));
             }
-            Command::Acquire { req, id, reply } => {
+            Command::Acquire {
+                req,
+                id,
+                owner,
+                reply,
+            } => {
                 let decided = self.authority().acquire(req, id);
                 let r = match decided {
                     Ok((grant, writes)) => {
@@ -435,7 +443,22 @@ impl Sequencer {
                         let p = l.scope.partition(self.partitions());
                         let (part, ops) = self.touch(p.0 as usize);
                         match part.grant(ops, l.token, &l.scope, &l.holder) {
-                            Ok(()) => Ok(l),
+                            Ok(()) => {
+                                // Bound in the round that grants: durable
+                                // together, so the token never exists
+                                // without its owner.
+                                if let Some(o) = &owner {
+                                    for w in [
+                                        crate::audit::token_owner_write(l.token, o),
+                                        crate::audit::lease_owner_write(l.id.0, o),
+                                    ] {
+                                        if let Some(v) = &w.value {
+                                            self.open.ops.put(w.tree, &w.key, v);
+                                        }
+                                    }
+                                }
+                                Ok(l)
+                            }
                             // The counter moved (its write is staged): the
                             // token is burnt, never reused.
                             Err(e) => Err(LeaseOpError::Storage(e.to_string())),

@@ -157,12 +157,12 @@ impl ServeSecurity {
 /// was granted to it. Anything else is dead-lettered and audited.
 #[derive(Debug)]
 pub struct KafkaAuth {
-    auth: Arc<palisade_http::auth::Auth>,
+    auth: Arc<palisade_auth::Auth>,
     store: Arc<Store>,
 }
 
 impl KafkaAuth {
-    pub fn new(auth: Arc<palisade_http::auth::Auth>, store: Arc<Store>) -> Self {
+    pub fn new(auth: Arc<palisade_auth::Auth>, store: Arc<Store>) -> Self {
         Self { auth, store }
     }
 
@@ -195,7 +195,7 @@ impl palisade_kafka::RecordAuth for KafkaAuth {
         raw: &palisade_kafka::RawRecord<'_>,
         decoded: &palisade_kafka::Decoded,
     ) -> Result<(), palisade_kafka::Refusal> {
-        use palisade_http::auth::Action;
+        use palisade_auth::{authorize, owns, Action, Principal, Resource};
         use palisade_kafka::sign;
         use palisade_log::AuditOutcome as O;
         let claimed = sign::claimed_principal(raw)
@@ -211,21 +211,18 @@ impl palisade_kafka::RecordAuth for KafkaAuth {
         };
         sign::verify(raw, claimed, &id.key_sha256())
             .map_err(|r| self.refuse("", decoded, O::Unauthenticated, r.reason, r.detail))?;
-        let twin_scope = format!("twin/{}", decoded.twin.as_str());
-        let p = self.store.partition_of(&decoded.twin);
-        if !id.allows(Action::Write, &twin_scope)
-            && !id.allows(Action::Write, &format!("partition/{}", p.0))
-        {
-            return Err(self.refuse(
-                claimed,
-                decoded,
-                O::Forbidden,
-                "forbidden",
-                format!("principal {claimed:?} may not write on {twin_scope}"),
-            ));
+        // The same policy as the HTTP path's appends (palisade-auth): write
+        // on the twin or its partition, with a token bound to the signer.
+        let principal = Principal::Known(id);
+        let twin = Resource::Twin {
+            twin: decoded.twin.clone(),
+            partition: self.store.partition_of(&decoded.twin),
+        };
+        if let Err(e) = authorize(principal, Action::Write, &twin) {
+            return Err(self.refuse(claimed, decoded, O::Forbidden, "forbidden", e.to_string()));
         }
         match self.store.audit().token_owner(decoded.token) {
-            Ok(Some(owner)) if owner == claimed => Ok(()),
+            Ok(owner) if owns(principal, owner.as_deref()) => Ok(()),
             Ok(_) => Err(self.refuse(
                 claimed,
                 decoded,
@@ -278,8 +275,8 @@ mod tests {
         let auth = s.auth.unwrap();
         assert_eq!(auth.principals().count(), 2);
         let ops = auth.identity("ops").unwrap();
-        assert!(ops.allows(palisade_http::auth::Action::Admin, "admin/audit"));
-        assert!(ops.allows(palisade_http::auth::Action::Read, "twin/x"));
-        assert!(!ops.allows(palisade_http::auth::Action::Write, "twin/x"));
+        assert!(ops.allows(palisade_auth::Action::Admin, "admin/audit"));
+        assert!(ops.allows(palisade_auth::Action::Read, "twin/x"));
+        assert!(!ops.allows(palisade_auth::Action::Write, "twin/x"));
     }
 }

@@ -1,12 +1,5 @@
-//! Principals, API keys and roles: who a request is and what it may do.
-//!
-//! A principal authenticates with a bearer API key. The store keeps only the
-//! key's SHA-256 (hex), compared in constant time (`subtle`), so the
-//! security file is not a secret that lets its reader in. A principal has
-//! roles; a role grants actions (`lease`, `write`, `read`, `admin`) on scope
-//! patterns (`partition/*`, `twin/device-*`, `admin/*`, `*`), where `*`
-//! matches any run of characters. Everything here is pure: no I/O, no clock.
-//! See `docs/security.md` and `docs/decisions/0009-auth-and-tls-crates.md`.
+//! Principals and their API keys: the security file's principals and
+//! roles, resolved into identities; key hashing and minting.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,36 +8,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-/// What a grant allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Action {
-    /// Acquire, renew and release leases on the scope.
-    Lease,
-    /// Append events to twins in the scope (with a token of one's own lease).
-    Write,
-    /// Read twins, histories and change streams; list admin data.
-    Read,
-    /// Everything on `admin/...` resources (audit log, dead letters ...).
-    Admin,
-}
-
-impl Action {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Lease => "lease",
-            Self::Write => "write",
-            Self::Read => "read",
-            Self::Admin => "admin",
-        }
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+use crate::{Action, AuthError};
 
 /// One grant of a role, as written in the security file.
 #[derive(Debug, Clone, Deserialize)]
@@ -125,16 +89,17 @@ impl Auth {
     pub fn new(
         roles: &BTreeMap<String, RoleFile>,
         principals: &[PrincipalFile],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, AuthError> {
         for (name, role) in roles {
             for g in &role.grants {
                 if g.actions.is_empty() || g.scopes.is_empty() {
-                    return Err(format!(
-                        "role {name:?}: a grant needs at least one action and one scope"
-                    ));
+                    return Err(AuthError::EmptyGrant { role: name.clone() });
                 }
                 if let Some(p) = g.scopes.iter().find(|p| p.is_empty()) {
-                    return Err(format!("role {name:?}: empty scope pattern {p:?}"));
+                    return Err(AuthError::EmptyPattern {
+                        role: name.clone(),
+                        pattern: p.clone(),
+                    });
                 }
             }
         }
@@ -142,31 +107,31 @@ impl Auth {
         for p in principals {
             if p.name.is_empty() || p.name.len() > MAX_NAME || p.name.chars().any(char::is_control)
             {
-                return Err(format!(
-                    "principal {:?}: a name is 1..={MAX_NAME} bytes without control characters",
-                    p.name
-                ));
+                return Err(AuthError::BadName {
+                    name: p.name.clone(),
+                    max: MAX_NAME,
+                });
             }
             if out.iter().any(|o| o.name == p.name) {
-                return Err(format!("principal {:?} is listed twice", p.name));
+                return Err(AuthError::DuplicateName {
+                    name: p.name.clone(),
+                });
             }
-            let key_hash = parse_hash(&p.key_sha256).ok_or_else(|| {
-                format!(
-                    "principal {:?}: key_sha256 must be 64 hex characters (see `palisade auth mint-key`)",
-                    p.name
-                )
+            let key_hash = parse_hash(&p.key_sha256).ok_or_else(|| AuthError::BadKeyHash {
+                name: p.name.clone(),
             })?;
             if let Some(o) = out.iter().find(|o| o.key_hash == key_hash) {
-                return Err(format!(
-                    "principals {:?} and {:?} have the same key",
-                    o.name, p.name
-                ));
+                return Err(AuthError::SameKey {
+                    first: o.name.clone(),
+                    second: p.name.clone(),
+                });
             }
             let mut grants = Vec::new();
             for r in &p.roles {
-                let role = roles
-                    .get(r)
-                    .ok_or_else(|| format!("principal {:?}: no role named {r:?}", p.name))?;
+                let role = roles.get(r).ok_or_else(|| AuthError::NoSuchRole {
+                    principal: p.name.clone(),
+                    role: r.clone(),
+                })?;
                 grants.extend(
                     role.grants
                         .iter()
@@ -180,7 +145,7 @@ impl Auth {
             });
         }
         if out.is_empty() {
-            return Err("authentication needs at least one principal".into());
+            return Err(AuthError::NoPrincipals);
         }
         Ok(Self { principals: out })
     }
@@ -246,9 +211,9 @@ pub fn hash_key(key: &str) -> String {
 
 /// A new API key (`psk_` and 64 hex characters: 256 random bits from the
 /// operating system) and its hash.
-pub fn mint_key() -> Result<(String, String), String> {
+pub fn mint_key() -> Result<(String, String), AuthError> {
     let mut raw = [0u8; 32];
-    getrandom::getrandom(&mut raw).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    getrandom::getrandom(&mut raw).map_err(|e| AuthError::NoRandomness(e.to_string()))?;
     let key = format!("psk_{}", hex(&raw));
     let hash = hash_key(&key);
     Ok((key, hash))
@@ -365,9 +330,13 @@ mod tests {
             key_sha256: hash.into(),
             roles: vec![role.into()],
         };
-        let e = Auth::new(&roles, &[p("a", "zz", "x")]).unwrap_err();
+        let e = Auth::new(&roles, &[p("a", "zz", "x")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("64 hex"), "{e}");
-        let e = Auth::new(&roles, &[p("a", &hash_key("k"), "x")]).unwrap_err();
+        let e = Auth::new(&roles, &[p("a", &hash_key("k"), "x")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no role named \"x\""), "{e}");
         assert!(Auth::new(&roles, &[]).is_err());
     }
