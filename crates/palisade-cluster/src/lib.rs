@@ -30,10 +30,12 @@ use std::time::Duration;
 
 mod error;
 mod machine;
+mod outcomes;
 pub mod ports;
 
 pub use error::ClusterError;
 pub use machine::{Action, Event, Gate, Machine, Owned, OwnerLeaseId, StopReason};
+pub use outcomes::Outcomes;
 pub use ports::{Clock, KeepAlive, OwnerLeases, RecordLog, SystemClock, Taken};
 
 /// TTL asked for a partition-owner lease: how long a paused or dead node

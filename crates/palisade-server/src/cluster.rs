@@ -8,15 +8,15 @@
 //! leases, the Kafka producer and the clock, and the node's side of the
 //! store's, the ingester's and the HTTP layer's seams.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use palisade_cluster::{
-    Action, Clock, Event, Gate, Machine, OwnerLeaseId, OwnerLeases, RecordLog, SystemClock, Taken,
-    OWNER_TTL,
+    Action, Clock, Event, Gate, Machine, Outcomes, OwnerLeaseId, OwnerLeases, RecordLog,
+    SystemClock, Taken, OWNER_TTL,
 };
 use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
@@ -34,6 +34,8 @@ use tracing::{info, warn};
 use crate::config::{LeaseBackend, ServeConfig};
 
 mod authority;
+#[cfg(test)]
+mod tests;
 
 /// Bind the configured lease authority to the store before it serves:
 /// nothing for the embedded one (after checking the store's tokens came
@@ -74,10 +76,6 @@ const RETAKE_EVERY: Duration = Duration::from_millis(250);
 /// How long `admit` tries before the ingester rejoins the group.
 const ADMIT_GIVES_UP: Duration = Duration::from_secs(60);
 
-/// Recent outcomes by (partition, offset), and their insertion order (for
-/// eviction).
-type Outcomes = (HashMap<(u32, u64), Applied>, VecDeque<(u32, u64)>);
-
 /// The owner key's value: who owns a partition and where it is reached
 /// (read by other nodes to redirect).
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -93,8 +91,8 @@ pub struct Node {
     me: std::sync::Weak<Node>,
     id: String,
     url: OnceLock<String>,
-    /// The lease authority (grants, scopes of tokens).
-    etcd: Arc<EtcdAuthority>,
+    /// The lease authority (etcd): grants, scopes of tokens.
+    authority: Arc<dyn RemoteAuthority>,
     owners: Arc<dyn OwnerLeases>,
     log: Arc<dyn RecordLog>,
     clock: Arc<dyn Clock>,
@@ -105,7 +103,7 @@ pub struct Node {
     keepers: Mutex<HashMap<OwnerLeaseId, AbortHandle>>,
     /// Bumped on every ownership change: `admit` waits on it.
     changed: watch::Sender<u64>,
-    outcomes: Mutex<Outcomes>,
+    outcomes: Mutex<Outcomes<Applied>>,
     /// Bumped on every handled record: appends wait on it.
     handled: watch::Sender<u64>,
 }
@@ -117,6 +115,15 @@ impl std::fmt::Debug for Node {
             .field("url", &self.url)
             .finish_non_exhaustive()
     }
+}
+
+/// What a node carries its decisions out through (etcd, Kafka, the clock
+/// in production; fakes in the tests).
+struct Seams {
+    authority: Arc<dyn RemoteAuthority>,
+    owners: Arc<dyn OwnerLeases>,
+    log: Arc<dyn RecordLog>,
+    clock: Arc<dyn Clock>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -141,22 +148,16 @@ impl Node {
             .context("cluster mode needs --kafka-brokers")?;
         let log = KafkaLog::new(&brokers, &config.kafka_topic, &config.kafka_settings)
             .context("kafka producer")?;
-        let node = Arc::new_cyclic(|me| Self {
-            me: me.clone(),
+        let node = Self::new(
             id,
-            url: OnceLock::new(),
-            owners: etcd.clone(),
-            etcd,
-            log: Arc::new(log),
-            clock: Arc::new(SystemClock),
-            store: store.clone(),
-            runtime: tokio::runtime::Handle::current(),
-            machine: Mutex::new(Machine::default()),
-            keepers: Mutex::new(HashMap::new()),
-            changed: watch::channel(0).0,
-            outcomes: Mutex::new((HashMap::new(), VecDeque::new())),
-            handled: watch::channel(0).0,
-        });
+            store.clone(),
+            Seams {
+                authority: etcd.clone(),
+                owners: etcd,
+                log: Arc::new(log),
+                clock: Arc::new(SystemClock),
+            },
+        );
         if let Some(u) = &config.cluster_advertise {
             let _ = node.url.set(u.clone());
         }
@@ -166,6 +167,26 @@ impl Node {
         store.route_appends(node.clone())?;
         info!(node = %node.id, "cluster mode");
         Ok(node)
+    }
+
+    /// A node over its seams, not yet bound to the store.
+    fn new(id: String, store: Arc<Store>, seams: Seams) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            id,
+            url: OnceLock::new(),
+            authority: seams.authority,
+            owners: seams.owners,
+            log: seams.log,
+            clock: seams.clock,
+            store,
+            runtime: tokio::runtime::Handle::current(),
+            machine: Mutex::new(Machine::default()),
+            keepers: Mutex::new(HashMap::new()),
+            changed: watch::channel(0).0,
+            outcomes: Mutex::new(Outcomes::new(OUTCOMES_KEPT)),
+            handled: watch::channel(0).0,
+        })
     }
 
     /// The URL others reach this node at (default: http:// + listen address).
@@ -308,7 +329,7 @@ impl Node {
         let mut rx = self.handled.subscribe();
         let wait = async {
             loop {
-                if let Some(a) = lock(&self.outcomes).0.get(&(p, offset)).cloned() {
+                if let Some(a) = lock(&self.outcomes).get(p, offset) {
                     return Some(a);
                 }
                 // Not the owner any more: the outcome may never come here.
@@ -383,7 +404,7 @@ impl Node {
                     )),
                     // The same 403s as on one node.
                     "token_not_issued" => AppendError::NotIssued { token },
-                    "token_scope_mismatch" => match self.etcd.scope_of_token(token).await {
+                    "token_scope_mismatch" => match self.authority.scope_of_token(token).await {
                         Some(scope) => AppendError::WrongScope { token, scope, twin },
                         None => AppendError::NotIssued { token },
                     },
@@ -461,22 +482,10 @@ impl Ownership for Node {
             let mine = node == self.id;
             me.step(partition, Event::MarkerApplied { token, mine });
         }
-        {
-            let mut o = lock(&self.outcomes);
-            // A replay after a consumer restart reports AlreadyApplied for
-            // offsets handled before: keep the first, real outcome.
-            let replay = matches!(applied, Applied::Outcome(IngestOutcome::AlreadyApplied));
-            if !(replay && o.0.contains_key(&(partition, offset)))
-                && o.0.insert((partition, offset), applied).is_none()
-            {
-                o.1.push_back((partition, offset));
-            }
-            while o.1.len() > OUTCOMES_KEPT {
-                if let Some(k) = o.1.pop_front() {
-                    o.0.remove(&k);
-                }
-            }
-        }
+        // A replay after a consumer restart reports AlreadyApplied for
+        // offsets handled before: the first, real outcome is kept.
+        let replay = matches!(applied, Applied::Outcome(IngestOutcome::AlreadyApplied));
+        lock(&self.outcomes).record(partition, offset, applied, replay);
         self.handled.send_modify(|n| *n += 1);
     }
 }

@@ -23,7 +23,7 @@ impl ClusterAuthority {
     }
 
     async fn acquire_and_log(&self, req: AcquireRequest) -> Result<Lease, RemoteError> {
-        let lease = self.node.etcd.acquire(req).await?;
+        let lease = self.node.authority.acquire(req).await?;
         let p = lease.scope.partition(self.node.store.partitions()).0;
         let headers = vec![
             (CONTROL_HEADER, "grant".to_owned()),
@@ -36,7 +36,7 @@ impl ClusterAuthority {
         ];
         if let Err(e) = self.node.log.produce(p, None, Vec::new(), headers).await {
             // Nobody got the token: give the lease back.
-            let _ = self.node.etcd.release(lease.id).await;
+            let _ = self.node.authority.release(lease.id).await;
             return Err(RemoteError::Unavailable {
                 authority: "etcd",
                 detail: format!("the grant could not be written to Kafka: {e}"),
@@ -54,25 +54,25 @@ impl RemoteAuthority for ClusterAuthority {
         Box::pin(self.acquire_and_log(req))
     }
     fn renew(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>> {
-        self.node.etcd.renew(id)
+        self.node.authority.renew(id)
     }
     fn release(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>> {
-        self.node.etcd.release(id)
+        self.node.authority.release(id)
     }
     fn scope_of_token(&self, token: FencingToken) -> BoxFuture<'_, Option<Scope>> {
-        self.node.etcd.scope_of_token(token)
+        self.node.authority.scope_of_token(token)
     }
     fn holder_of(&self, scope: &Scope) -> Option<Lease> {
-        self.node.etcd.holder_of(scope)
+        self.node.authority.holder_of(scope)
     }
     fn lease(&self, id: LeaseId) -> Option<Lease> {
-        self.node.etcd.lease(id)
+        self.node.authority.lease(id)
     }
     fn live_leases_of(&self, holder: &str) -> usize {
-        self.node.etcd.live_leases_of(holder)
+        self.node.authority.live_leases_of(holder)
     }
     fn now(&self) -> Millis {
-        self.node.etcd.now()
+        self.node.authority.now()
     }
     fn registers_grants(&self) -> bool {
         true
