@@ -29,8 +29,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "palisade-log",
         &["palisade-core", "palisade-lease", "palisade-twin"],
     ),
-    ("palisade-etcd", &["palisade-core", "palisade-lease"]),
-    ("palisade-kafka", &["palisade-core", "palisade-log"]),
+    ("palisade-cluster", &["palisade-core"]),
+    (
+        "palisade-etcd",
+        &["palisade-cluster", "palisade-core", "palisade-lease"],
+    ),
+    (
+        "palisade-kafka",
+        &["palisade-cluster", "palisade-core", "palisade-log"],
+    ),
     (
         "palisade-http",
         &[
@@ -47,6 +54,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "palisade-server",
         &[
             "palisade-auth",
+            "palisade-cluster",
             "palisade-core",
             "palisade-etcd",
             "palisade-http",

@@ -134,12 +134,5 @@ impl Drop for Etcd {
 /// The create revision of `scope`'s lock key, read straight from etcd.
 pub async fn create_revision(auth: &EtcdAuthority, scope: &str) -> Option<u64> {
     let scope: palisade::core::Scope = scope.parse().unwrap();
-    let got = auth
-        .client()
-        .get(auth.lock_key(&scope), None)
-        .await
-        .unwrap();
-    got.kvs()
-        .first()
-        .map(|kv| u64::try_from(kv.create_revision()).unwrap())
+    auth.lock_revision(&scope).await.unwrap().map(|t| t.0)
 }

@@ -28,3 +28,9 @@ pub use ids::{
     MAX_TWIN_ID_LEN,
 };
 pub use partition::{murmur2, partition_for};
+
+/// A boxed, sendable future: the workspace's traits used as trait objects
+/// (`dyn RemoteAuthority`, `dyn Ownership`, `dyn ClusterRouting`, ...)
+/// return it, since `async fn` in a trait makes it not object-safe. One
+/// alias for every crate (the `futures` crate is not in the tree).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

@@ -26,16 +26,12 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use etcd_client::{LeaseTimeToLiveOptions, TxnOpResponse};
-use palisade_core::{FencingToken, LeaseId, Scope};
-use palisade_lease::{
-    AcquireRequest, BoxFuture, Lease, LeaseError, Millis, RemoteAuthority, RemoteError,
-};
+use palisade_core::{BoxFuture, FencingToken, LeaseId, Scope};
+use palisade_lease::{AcquireRequest, Lease, LeaseError, Millis, RemoteAuthority, RemoteError};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
-/// The etcd client crate, for callers that keep keys of their own (tests,
-/// cluster mode).
-pub use etcd_client;
+mod owner;
 
 /// How many ended leases are remembered, to tell a late renewal "released"
 /// or "superseded" rather than "expired".
@@ -159,10 +155,20 @@ impl EtcdAuthority {
         })
     }
 
-    /// The etcd client (for tests and cluster mode, which keep their own keys
-    /// under [`EtcdAuthority::prefix`]).
-    pub fn client(&self) -> Client {
-        self.client.clone()
+    /// The create revision of `scope`'s lock key (its holder's fencing
+    /// token), read straight from etcd: `None` if no one holds it.
+    pub async fn lock_revision(&self, scope: &Scope) -> Result<Option<FencingToken>, RemoteError> {
+        let got = self
+            .client
+            .clone()
+            .get(self.lock_key(scope), None)
+            .await
+            .map_err(|e| Self::unavailable(&e))?;
+        Ok(got
+            .kvs()
+            .first()
+            .and_then(|kv| u64::try_from(kv.create_revision()).ok())
+            .map(FencingToken))
     }
 
     pub fn prefix(&self) -> &str {

@@ -4,8 +4,6 @@
 //! node that answered it in `Palisade-Owner`.
 
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -13,15 +11,12 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use palisade_core::TwinId;
+use palisade_core::{BoxFuture, TwinId};
 
 use crate::ApiError;
 
 /// Header naming the node that owns (and answered for) a twin's partition.
 pub const OWNER_HEADER: &str = "palisade-owner";
-
-/// A boxed, sendable future (the trait is used as `dyn ClusterRouting`).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Where a partition is served.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -28,11 +28,10 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_core::{partition_for, FencingToken, PartitionId, Scope};
+use palisade_core::{partition_for, BoxFuture, FencingToken, PartitionId, Scope};
 use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Origin, Source, Store};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
@@ -71,9 +70,6 @@ pub const ORIGIN_PREV_HEADER: &str = "palisade-origin-prev";
 /// origin partition (for people reading the log; the copy's content is the
 /// origin record's, whoever forwards it).
 pub const FORWARDED_BY_HEADER: &str = "palisade-forwarded-by";
-
-/// A boxed, sendable future (the trait is used as `dyn Ownership`).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Whether this node may apply a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

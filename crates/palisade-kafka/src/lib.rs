@@ -12,6 +12,8 @@
 //!   assignment. Each record is applied exactly once.
 //! - [`cluster::ClusterIngester`]: the same in cluster mode, where a record
 //!   outside its twin's partition is forwarded there through Kafka.
+//! - [`KafkaLog`]: cluster mode's producer (owner markers, grants, HTTP
+//!   appends), behind `palisade_cluster::RecordLog`.
 //! - [`Publisher`]: the producer side for workers: murmur2 partitioning,
 //!   token and HLC headers, protobuf values.
 //!
@@ -22,6 +24,7 @@ pub mod decode;
 mod ingester;
 mod message;
 mod publisher;
+mod record_log;
 pub mod sign;
 
 /// Types generated from `proto/palisade/v1/event.proto`.
@@ -33,4 +36,5 @@ pub mod proto {
 pub use decode::{decode, Decoded, RawRecord, Refusal};
 pub use ingester::{IngestConfig, Ingester, KafkaIngestError};
 pub use publisher::{PublishError, Publisher};
+pub use record_log::KafkaLog;
 pub use sign::RecordAuth;

@@ -48,7 +48,7 @@ mod table;
 
 pub use authority::{AuthorityError, LeaseAuthority, LeaseWrites};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use remote::{BoxFuture, RemoteAuthority, RemoteError};
+pub use remote::{RemoteAuthority, RemoteError};
 pub use table::{
     AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis, MAX_HOLDER_LEN, MAX_TTL_MS,
     MIN_TTL_MS,

@@ -6,16 +6,10 @@
 //! scope and never-regress exactly as for embedded tokens).
 
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::Pin;
 
-use palisade_core::{FencingToken, LeaseId, Scope};
+use palisade_core::{BoxFuture, FencingToken, LeaseId, Scope};
 
 use crate::table::{AcquireRequest, Lease, LeaseError, Millis};
-
-/// A boxed, sendable future: the trait is used as `dyn RemoteAuthority`,
-/// which `async fn` in traits does not allow.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a remote authority refused or failed a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use palisade_core::{FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
-use palisade_lease::{AcquireRequest, BoxFuture, Lease, RemoteAuthority, RemoteError};
+use palisade_core::{BoxFuture, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
+use palisade_lease::{AcquireRequest, Lease, RemoteAuthority, RemoteError};
 use tokio::sync::oneshot;
 use tracing::warn;
 
