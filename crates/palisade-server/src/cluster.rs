@@ -31,39 +31,56 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
-use crate::config::{LeaseBackend, ServeConfig};
+use crate::config::{EtcdSettings, Leases, Mode, ServeConfig};
 
 mod authority;
 #[cfg(test)]
 mod tests;
 
-/// Bind the configured lease authority to the store before it serves:
-/// nothing for the embedded one (after checking the store's tokens came
-/// from it), a connected etcd authority otherwise.
-pub async fn bind_lease_backend(
-    store: &Store,
+/// Bind the lease authority of `mode` to the store before it serves, and
+/// start the cluster node in cluster mode: nothing for the embedded
+/// authority (after checking the store's tokens came from it), a connected
+/// etcd authority for a single node on etcd, the node (whose leases and
+/// appends go through etcd and Kafka from now on) in cluster mode.
+pub async fn bind(
+    store: &Arc<Store>,
+    mode: &Mode,
     config: &ServeConfig,
-) -> anyhow::Result<Option<Arc<EtcdAuthority>>> {
-    match config.lease_backend {
-        LeaseBackend::Embedded => {
+) -> anyhow::Result<Option<Arc<Node>>> {
+    match mode {
+        Mode::Single {
+            leases: Leases::Embedded,
+        } => {
             store.check_embedded_backend()?;
             Ok(None)
         }
-        LeaseBackend::Etcd => {
-            let mut cfg = EtcdConfig::new(config.etcd_endpoints.clone());
-            cfg.prefix.clone_from(&config.etcd_prefix);
-            let etcd = Arc::new(
-                EtcdAuthority::connect(cfg)
-                    .await
-                    .context("lease backend etcd")?,
-            );
-            if config.cluster_node.is_none() {
-                store.use_remote_authority(etcd.clone()).await?;
-            }
-            info!(endpoints = ?config.etcd_endpoints, prefix = %config.etcd_prefix, "leases from etcd");
-            Ok(Some(etcd))
+        Mode::Single {
+            leases: Leases::Etcd(etcd),
+        } => {
+            let etcd = connect(etcd).await?;
+            store.use_remote_authority(etcd).await?;
+            Ok(None)
+        }
+        Mode::Cluster {
+            node,
+            etcd,
+            kafka_brokers,
+        } => {
+            let etcd = connect(etcd).await?;
+            let node = Node::start(store.clone(), node, kafka_brokers, config, etcd).await?;
+            Ok(Some(node))
         }
     }
+}
+
+async fn connect(settings: &EtcdSettings) -> anyhow::Result<Arc<EtcdAuthority>> {
+    let mut cfg = EtcdConfig::new(settings.endpoints.clone());
+    cfg.prefix.clone_from(&settings.prefix);
+    let etcd = EtcdAuthority::connect(cfg)
+        .await
+        .context("lease backend etcd")?;
+    info!(endpoints = ?settings.endpoints, prefix = %settings.prefix, "leases from etcd");
+    Ok(Arc::new(etcd))
 }
 
 /// How long an HTTP append waits for its record to be applied.
@@ -135,21 +152,15 @@ impl Node {
     /// store (its leases and appends go through the node from now on).
     pub async fn start(
         store: Arc<Store>,
+        id: &str,
+        brokers: &str,
         config: &ServeConfig,
         etcd: Arc<EtcdAuthority>,
     ) -> anyhow::Result<Arc<Self>> {
-        let id = config
-            .cluster_node
-            .clone()
-            .context("cluster mode needs --cluster-node")?;
-        let brokers = config
-            .kafka_brokers
-            .clone()
-            .context("cluster mode needs --kafka-brokers")?;
-        let log = KafkaLog::new(&brokers, &config.kafka_topic, &config.kafka_settings)
+        let log = KafkaLog::new(brokers, &config.kafka_topic, &config.kafka_settings)
             .context("kafka producer")?;
         let node = Self::new(
-            id,
+            id.to_owned(),
             store.clone(),
             Seams {
                 authority: etcd.clone(),

@@ -305,3 +305,74 @@ impl ServeConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::FromArgMatches;
+
+    fn mode(args: &[&str]) -> Result<Mode, ConfigError> {
+        let mut argv = vec!["serve"];
+        argv.extend(args);
+        let m = ServeConfig::augment_args(clap::Command::new("serve"))
+            .mut_args(|a| a.env(None))
+            .try_get_matches_from(argv)
+            .unwrap();
+        ServeConfig::from_arg_matches(&m).unwrap().validate()
+    }
+
+    #[test]
+    fn validate_names_the_mode_the_settings_describe() {
+        let etcd = EtcdSettings {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/palisade/".into(),
+        };
+        assert_eq!(
+            mode(&[]),
+            Ok(Mode::Single {
+                leases: Leases::Embedded
+            })
+        );
+        let on_etcd = [
+            "--lease-backend",
+            "etcd",
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379",
+        ];
+        assert_eq!(
+            mode(&on_etcd),
+            Ok(Mode::Single {
+                leases: Leases::Etcd(etcd.clone())
+            })
+        );
+        let mut cluster = on_etcd.to_vec();
+        cluster.extend(["--cluster-node", "n1", "--kafka-brokers", "127.0.0.1:9092"]);
+        assert_eq!(
+            mode(&cluster),
+            Ok(Mode::Cluster {
+                node: "n1".into(),
+                etcd,
+                kafka_brokers: "127.0.0.1:9092".into()
+            })
+        );
+        // Settings that only work together.
+        for args in [
+            &["--lease-backend", "etcd"][..],
+            &["--cluster-node", "n1", "--kafka-brokers", "k:1"],
+            &[
+                "--cluster-node",
+                "n1",
+                "--lease-backend",
+                "etcd",
+                "--etcd-endpoints",
+                "e:1",
+            ],
+        ] {
+            assert!(
+                matches!(mode(args), Err(ConfigError::Combination(_))),
+                "{args:?}: {:?}",
+                mode(args)
+            );
+        }
+    }
+}

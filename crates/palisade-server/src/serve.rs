@@ -15,7 +15,7 @@ use crate::config::ServeConfig;
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    config.validate()?;
+    let mode = config.validate()?;
     // Before anything opens files: idle clients must not be what runs the
     // store out of descriptors (fd_limit.rs).
     let fd_limit = crate::fd_limit::raise();
@@ -25,14 +25,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     let store = Arc::new(Store::open(&config.data, config.store_config())?);
-    let etcd = crate::cluster::bind_lease_backend(&store, &config).await?;
-    // Cluster mode (cluster.rs): leases, appends and reads go through the node.
-    let node = match (&config.cluster_node, etcd) {
-        (Some(_), Some(etcd)) => {
-            Some(crate::cluster::Node::start(store.clone(), &config, etcd).await?)
-        }
-        _ => None,
-    };
+    // The lease authority of the mode; in cluster mode (cluster.rs) leases,
+    // appends and reads go through the node.
+    let node = crate::cluster::bind(&store, &mode, &config).await?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
