@@ -70,6 +70,9 @@ pub const ORIGIN_PREV_HEADER: &str = "palisade-origin-prev";
 /// origin partition (for people reading the log; the copy's content is the
 /// origin record's, whoever forwards it).
 pub const FORWARDED_BY_HEADER: &str = "palisade-forwarded-by";
+/// Dead-letter reason of a record produced for an HTTP append under an
+/// owner token below the partition's owner fence (a former owner's write).
+pub const STALE_OWNER: &str = "stale_owner";
 
 /// Whether this node may apply a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -549,7 +552,7 @@ impl ClusterIngester {
                                 partition: p,
                                 offset: o,
                                 key: None,
-                                reason: "stale_owner".into(),
+                                reason: STALE_OWNER.into(),
                                 detail: format!("produced by {node} under owner token {t}, below the partition's owner fence {fence}"),
                                 headers: Vec::new(),
                                 value: Vec::new(),

@@ -536,8 +536,11 @@ async fn acknowledge(
         let mut counts = [0u64; OUTCOMES.len()];
         for (outcome, copy) in outcomes.iter().zip(p.copies) {
             // Refused by the writer (not at decoding): forward it now.
-            if let (IngestOutcome::DeadLettered { reason }, Some(copy), Some((producer, topic))) =
-                (outcome, copy, &dlq)
+            if let (
+                IngestOutcome::DeadLettered { reason, .. },
+                Some(copy),
+                Some((producer, topic)),
+            ) = (outcome, copy, &dlq)
             {
                 copy.send(reason, producer, topic).await;
             }

@@ -107,7 +107,13 @@ pub enum IngestOutcome {
     Dropped(AppendError),
     /// Refused for a reason other than staleness: stored as a dead letter.
     DeadLettered {
+        /// The dead letter's reason name (as stored and listed).
         reason: String,
+        /// The writer's refusal, when the record decoded but its append was
+        /// refused (a token never issued, another twin's token, a bad
+        /// event); `None` for a record refused at decoding (`reason` says
+        /// why). Callers branch on this, not on `reason`.
+        refused: Option<AppendError>,
     },
     /// Cluster mode: handed on to partition `to` (see
     /// [`IngestRecord::Forwarded`]).

@@ -631,6 +631,7 @@ impl Sequencer {
                     Err(e) if is_drop(&e) => IngestOutcome::Dropped(e),
                     Err(e) => {
                         let reason = e.reason().to_owned();
+                        let detail = forwarded(e.to_string());
                         self.dead_letter(
                             source,
                             offset,
@@ -639,14 +640,17 @@ impl Sequencer {
                                 offset,
                                 key: Some(req.twin.to_string()),
                                 reason: reason.clone(),
-                                detail: forwarded(e.to_string()),
+                                detail,
                                 headers: Vec::new(),
                                 value: Vec::new(),
                                 value_len: 0,
                                 at_ms: 0,
                             },
                         );
-                        IngestOutcome::DeadLettered { reason }
+                        IngestOutcome::DeadLettered {
+                            reason,
+                            refused: Some(e),
+                        }
                     }
                 }
             }
@@ -655,7 +659,10 @@ impl Sequencer {
                 let reason = dl.reason.clone();
                 self.shared.metrics.rejected("dead_letter");
                 self.dead_letter(source, offset, dl);
-                IngestOutcome::DeadLettered { reason }
+                IngestOutcome::DeadLettered {
+                    reason,
+                    refused: None,
+                }
             }
             IngestRecord::Relayed { origin, record } => {
                 let (check, last) = self.sources.relay(source, &origin);
@@ -695,7 +702,10 @@ impl Sequencer {
                                         at_ms: 0,
                                     },
                                 );
-                                IngestOutcome::DeadLettered { reason }
+                                IngestOutcome::DeadLettered {
+                                    reason,
+                                    refused: None,
+                                }
                             }
                         };
                         self.sources.relayed(source, &origin);

@@ -126,7 +126,10 @@ async fn stale_records_are_dropped_and_bad_ones_dead_lettered_while_the_partitio
     assert_eq!(
         ingest(&store, 12, rec(&twin, FencingToken(9999), "z")).await,
         IngestOutcome::DeadLettered {
-            reason: "token_not_issued".into()
+            reason: "token_not_issued".into(),
+            refused: Some(AppendError::NotIssued {
+                token: FencingToken(9999)
+            })
         }
     );
     // An undecodable record, as the consumer hands it over.
@@ -144,7 +147,8 @@ async fn stale_records_are_dropped_and_bad_ones_dead_lettered_while_the_partitio
     assert_eq!(
         ingest(&store, 13, IngestRecord::Dead(dl)).await,
         IngestOutcome::DeadLettered {
-            reason: "missing_key".into()
+            reason: "missing_key".into(),
+            refused: None
         }
     );
     // The partition keeps flowing.

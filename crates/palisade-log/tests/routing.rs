@@ -21,7 +21,9 @@ use std::path::Path;
 
 use palisade_core::{partition_for, FencingToken, NewEvent, Scope, TwinId};
 use palisade_lease::AcquireRequest;
-use palisade_log::{DeadLetter, IngestOutcome, IngestRecord, Source, Store, StoreConfig};
+use palisade_log::{
+    AppendError, DeadLetter, IngestOutcome, IngestRecord, Source, Store, StoreConfig,
+};
 use proptest::prelude::*;
 
 const PARTITIONS: u32 = 4;
@@ -227,16 +229,16 @@ async fn records_are_routed_by_key_whatever_their_source_partition() {
     .await;
     assert!(matches!(out[0], IngestOutcome::Dropped(_)), "{out:?}");
     assert_eq!(
-        out[1..],
-        [
-            IngestOutcome::DeadLettered {
-                reason: "missing_key".into()
-            },
-            // A control character in the type: refused as on HTTP.
-            IngestOutcome::DeadLettered {
-                reason: "bad_event".into()
-            }
-        ]
+        out[1],
+        IngestOutcome::DeadLettered {
+            reason: "missing_key".into(),
+            refused: None
+        }
+    );
+    // A control character in the type: refused as on HTTP, the refusal typed.
+    assert!(
+        matches!(&out[2], IngestOutcome::DeadLettered { reason, refused: Some(AppendError::BadEvent(_)) } if reason == "bad_event"),
+        "{out:?}"
     );
     let r = store
         .rejections(100)
@@ -716,7 +718,10 @@ async fn forwarded_copies_are_decided_once_in_origin_order() {
     assert_eq!(
         out[2],
         IngestOutcome::DeadLettered {
-            reason: "token_not_issued".into()
+            reason: "token_not_issued".into(),
+            refused: Some(AppendError::NotIssued {
+                token: FencingToken(newer.0 + 1000)
+            })
         }
     );
     let r = store

@@ -22,7 +22,7 @@ use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
 use palisade_http::cluster::{ClusterRouting, Route};
 use palisade_kafka::cluster::{
-    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OWNER_TOKEN_HEADER,
+    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OWNER_TOKEN_HEADER, STALE_OWNER,
 };
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
@@ -407,22 +407,22 @@ impl Node {
         match self.outcome(p, offset).await {
             Some(Applied::Outcome(IngestOutcome::Applied(a))) => Ok(a),
             Some(Applied::Outcome(IngestOutcome::Dropped(e))) => Err(e),
-            Some(Applied::Outcome(IngestOutcome::DeadLettered { reason })) => {
-                Err(match reason.as_str() {
-                    "stale_owner" => AppendError::NotServing(format!(
-                        "node {} lost partition {p} before its append was applied; it was not applied",
-                        self.id
-                    )),
-                    // The same 403s as on one node.
-                    "token_not_issued" => AppendError::NotIssued { token },
-                    "token_scope_mismatch" => match self.authority.scope_of_token(token).await {
-                        Some(scope) => AppendError::WrongScope { token, scope, twin },
-                        None => AppendError::NotIssued { token },
-                    },
-                    _ => AppendError::BadEvent(format!(
-                        "refused when applied from Kafka ({reason}); see /v1/dead-letters"
-                    )),
-                })
+            // Refused by the writer when applied: the same refusal as on
+            // one node (a token never issued, another twin's token, ...).
+            Some(Applied::Outcome(IngestOutcome::DeadLettered {
+                refused: Some(e), ..
+            })) => Err(e),
+            Some(Applied::Outcome(IngestOutcome::DeadLettered {
+                reason,
+                refused: None,
+            })) if reason == STALE_OWNER => Err(AppendError::NotServing(format!(
+                "node {} lost partition {p} before its append was applied; it was not applied",
+                self.id
+            ))),
+            Some(Applied::Outcome(IngestOutcome::DeadLettered { reason, .. })) => {
+                Err(AppendError::BadEvent(format!(
+                    "refused when applied from Kafka ({reason}); see /v1/dead-letters"
+                )))
             }
             _ => Err(AppendError::NotServing(format!(
                 "the outcome of offset {offset} of partition {p} is unknown (ownership moved); retry with the same event ids"
