@@ -66,9 +66,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "palisade-cli",
         &[
+            "palisade-auth",
             "palisade-client",
             "palisade-core",
-            "palisade-http",
             "palisade-kafka",
             "palisade-server",
         ],

@@ -24,7 +24,7 @@ pub enum AuthCommand {
 pub fn auth_command(cmd: AuthCommand) -> anyhow::Result<()> {
     match cmd {
         AuthCommand::MintKey { name, json } => {
-            let (key, hash) = palisade_http::auth::mint_key().map_err(anyhow::Error::msg)?;
+            let (key, hash) = palisade_auth::mint_key()?;
             if json {
                 println!(
                     "{}",
@@ -53,7 +53,7 @@ pub fn auth_command(cmd: AuthCommand) -> anyhow::Result<()> {
             if key.is_empty() {
                 bail!("no key on stdin");
             }
-            println!("{}", palisade_http::auth::hash_key(key));
+            println!("{}", palisade_auth::hash_key(key));
         }
     }
     Ok(())
