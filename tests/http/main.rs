@@ -49,7 +49,11 @@ pub const PARTITIONS: u32 = 16;
 /// (`clock.advance(..)` past a TTL instead of sleeping). Keep the `TempDir` alive.
 pub async fn start_clocked() -> (TempDir, TestServer, Client, Arc<ManualClock>) {
     let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new());
+    let wall_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let clock = Arc::new(ManualClock::at(wall_ms));
     let config = StoreConfig {
         lease_clock: clock.clone(),
         ..StoreConfig::default()

@@ -5,10 +5,13 @@
 //! process runs (it never goes back, whatever NTP does); the wall clock is
 //! only stored, as each lease's deadline, and read back on open (a restart
 //! loses every monotonic reading).
+//!
+//! This crate reads no clock itself: the store passes the real one
+//! (`palisade_log::SystemClock`), tests a [`ManualClock`].
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// A source of time for leases.
 pub trait Clock: Send + Sync + Debug {
@@ -18,44 +21,8 @@ pub trait Clock: Send + Sync + Debug {
     fn wall_ms(&self) -> u64;
 }
 
-/// The real clocks: `Instant` and `SystemTime`.
-#[derive(Debug, Clone, Copy)]
-pub struct SystemClock {
-    origin: Instant,
-}
-
-impl SystemClock {
-    pub fn new() -> Self {
-        Self {
-            origin: Instant::now(),
-        }
-    }
-}
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for SystemClock {
-    fn elapsed(&self) -> Duration {
-        self.origin.elapsed()
-    }
-
-    fn wall_ms(&self) -> u64 {
-        wall_now_ms()
-    }
-}
-
-fn wall_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// A clock that moves only when told to (tests): both readings advance
-/// together, from the wall clock at creation.
+/// together, from the wall reading it is made at.
 #[derive(Debug)]
 pub struct ManualClock {
     elapsed_ms: AtomicU64,
@@ -63,10 +30,6 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
-    pub fn new() -> Self {
-        Self::at(wall_now_ms())
-    }
-
     /// A clock whose wall reading starts at `wall_ms` (ms since 1970).
     pub fn at(wall_ms: u64) -> Self {
         Self {
@@ -79,12 +42,6 @@ impl ManualClock {
     pub fn advance(&self, d: Duration) {
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         self.elapsed_ms.fetch_add(ms, Ordering::SeqCst);
-    }
-}
-
-impl Default for ManualClock {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -105,7 +62,7 @@ mod tests {
 
     #[test]
     fn a_manual_clock_moves_both_readings_together_and_only_when_told() {
-        let c = ManualClock::new();
+        let c = ManualClock::at(1_700_000_000_000);
         let (e0, w0) = (c.elapsed(), c.wall_ms());
         assert_eq!((c.elapsed(), c.wall_ms()), (e0, w0));
         c.advance(Duration::from_millis(250));

@@ -12,7 +12,7 @@
 //!   counter, lease record, token index, deadline: [`LeaseWrites`]); the
 //!   store commits them in the same synced round as the fence they raise,
 //!   and answers only after that. Its time comes from a [`Clock`] the store
-//!   passes in ([`SystemClock`]; tests move a [`ManualClock`] instead of
+//!   passes in (`palisade_log::SystemClock`; tests move a [`ManualClock`] instead of
 //!   sleeping past a TTL).
 //!
 //! - [`RemoteAuthority`]: the seam for an authority outside the store (etcd,
@@ -47,7 +47,7 @@ mod remote;
 mod table;
 
 pub use authority::{AuthorityError, LeaseAuthority, LeaseWrites};
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock};
 pub use remote::{RemoteAuthority, RemoteError};
 pub use table::{
     AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis, MAX_HOLDER_LEN, MAX_TTL_MS,

@@ -48,6 +48,7 @@
 mod audit;
 mod batch;
 mod cache;
+mod clock;
 mod cluster;
 mod commit;
 mod error;
@@ -66,6 +67,7 @@ mod writer;
 pub use audit::{
     AuditAction, AuditError, AuditLog, AuditOutcome, AuditRecord, DEFAULT_AUDIT_MAX_RECORDS,
 };
+pub use clock::SystemClock;
 pub use cluster::{AppendRoute, BackendError};
 pub use commit::{CommitHooks, RecoverError, StorageFailure};
 pub use error::{AppendError, LeaseOpError, OpenError, ReadError};

@@ -64,7 +64,7 @@ impl Default for StoreConfig {
             checkpoint_every: Duration::from_secs(1),
             checkpoint_bytes: 64 << 20,
             hooks: None,
-            lease_clock: Arc::new(palisade_lease::SystemClock::new()),
+            lease_clock: Arc::new(crate::SystemClock::new()),
         }
     }
 }
