@@ -28,7 +28,8 @@ const LEASE_BACKEND_KEY: &[u8] = b"lease_backend";
 pub enum BackendError {
     #[error("this store's fencing tokens came from the {recorded} lease authority; it cannot switch to {requested} (token numbers of two authorities collide). Use a new data folder, or the {recorded} backend")]
     Mismatch { recorded: String, requested: String },
-    #[error("a lease authority is already in use by this store")]
+    /// `route_appends` was called twice.
+    #[error("this store's appends are already routed through the cluster")]
     AlreadySet,
     #[error("store metadata: {0}")]
     Storage(String),
