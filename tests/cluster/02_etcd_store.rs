@@ -5,20 +5,37 @@
 
 use std::sync::Arc;
 
-use palisade::log::{BackendError, StoreConfig};
+use palisade::http::HttpConfig;
+use palisade::log::{BackendError, LeaseBackend, OpenError, Store, StoreConfig};
 use serde_json::json;
 
 use crate::etcd::{create_revision, Etcd};
 use crate::support::{lease_id_of, token_of, ServeProcess, TestServer};
 
 async fn server_on_etcd(dir: &std::path::Path, etcd: &Etcd, prefix: &str) -> TestServer {
-    let server = TestServer::start(dir).await;
-    server
-        .store
-        .use_remote_authority(Arc::new(etcd.authority(prefix).await))
-        .await
-        .unwrap();
-    server
+    TestServer::start_with(dir, on_etcd(etcd, prefix).await, HttpConfig::default()).await
+}
+
+/// A store configuration whose leases come from `etcd` under `prefix`.
+async fn on_etcd(etcd: &Etcd, prefix: &str) -> StoreConfig {
+    StoreConfig {
+        leases: LeaseBackend::Remote(Arc::new(etcd.authority(prefix).await)),
+        ..StoreConfig::default()
+    }
+}
+
+/// Open a store closed a moment ago in this process, returning the error
+/// other than sled's lock (still held for a moment after a close).
+fn reopen(path: &std::path::Path, cfg: StoreConfig) -> Result<Store, OpenError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Store::open(path, cfg.clone()) {
+            Err(OpenError::InUse { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,29 +158,42 @@ async fn a_store_keeps_the_authority_its_tokens_came_from_when_installed() {
     else {
         return;
     };
-    // Embedded tokens first: etcd is refused (token numbers would collide).
+    // Embedded tokens first: etcd is refused at open (token numbers would
+    // collide).
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path()).await;
     server.client().acquire("twin/a", "A", 60_000).await;
-    let err = server
-        .store
-        .use_remote_authority(Arc::new(etcd.authority("t02b").await))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, BackendError::Mismatch { .. }), "{err}");
     server.stop().await;
+    let err = reopen(dir.path(), on_etcd(&etcd, "t02b").await).unwrap_err();
+    assert!(
+        matches!(err, OpenError::Backend(BackendError::Mismatch { .. })),
+        "{err}"
+    );
+    // Still the embedded store it was: it opens as one.
+    reopen(dir.path(), StoreConfig::default())
+        .unwrap()
+        .close()
+        .await;
 
     // etcd first: the store records it and refuses the embedded authority.
     let dir = tempfile::tempdir().unwrap();
     let server = server_on_etcd(dir.path(), &etcd, "t02b").await;
     server.client().acquire("twin/a", "A", 60_000).await;
     server.stop().await;
-    let store = crate::support::open_store(dir.path(), StoreConfig::default());
-    assert!(matches!(
-        store.check_embedded_backend(),
-        Err(BackendError::Mismatch { .. })
-    ));
-    store.close().await;
+    let err = reopen(dir.path(), StoreConfig::default()).unwrap_err();
+    assert!(
+        matches!(err, OpenError::Backend(BackendError::Mismatch { .. })),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("came from the etcd lease authority; it cannot switch to embedded"),
+        "{err}"
+    );
+    reopen(dir.path(), on_etcd(&etcd, "t02b").await)
+        .unwrap()
+        .close()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

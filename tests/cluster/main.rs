@@ -30,3 +30,9 @@ mod scaling;
 
 #[path = "05_forwarding.rs"]
 mod forwarding;
+
+#[path = "../lease_suite.rs"]
+mod lease_suite;
+
+#[path = "06_lease_suite.rs"]
+mod backend_suite;

@@ -6,6 +6,11 @@
 #[path = "../support.rs"]
 mod support;
 
+#[path = "../lease_suite.rs"]
+mod lease_suite;
+
+#[path = "03_backends.rs"]
+mod backends;
 #[path = "02_concurrent.rs"]
 mod concurrent;
 #[path = "01_model.rs"]

@@ -1,7 +1,8 @@
 //! The seam between the store and a lease authority that lives outside it
 //! (etcd, `palisade-etcd`). The embedded [`LeaseAuthority`](crate::LeaseAuthority)
-//! stays the default; a store given a [`RemoteAuthority`] asks it instead for
-//! every grant, renewal and release, and still registers each grant with the
+//! stays the default; a store opened with a [`RemoteAuthority`]
+//! (`palisade_log::LeaseBackend::Remote`) asks it instead for every grant,
+//! renewal and release, and still registers each grant with the
 //! partition writer that enforces it (fence raised at once, token checked for
 //! scope and never-regress exactly as for embedded tokens).
 

@@ -1,18 +1,21 @@
 //! The store's side of a lease authority outside it (etcd) and of cluster
-//! mode: choosing the authority, asking it, and registering what it grants
-//! with the partition writers (docs/decisions/0011-etcd-lease-authority.md).
-//! Kept out of store.rs so the hooks there stay one line each.
+//! mode: keeping the authority a store's tokens came from (checked at open),
+//! registering what a remote authority grants with the partition writers,
+//! and routing appends through the cluster
+//! (docs/decisions/0011-etcd-lease-authority.md,
+//! docs/decisions/0025-lease-backend-at-open.md). The lease operations
+//! themselves are dispatched in leases.rs.
 
 use std::sync::Arc;
 
-use palisade_core::{BoxFuture, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
-use palisade_lease::{AcquireRequest, Lease, RemoteAuthority, RemoteError};
-use tokio::sync::oneshot;
-use tracing::warn;
+use std::path::Path;
 
-use crate::error::{AppendError, LeaseOpError};
-use crate::wal::TreeId;
-use crate::writer::{Command, RawWrite};
+use palisade_core::{BoxFuture, FencingToken, NewEvent, PartitionId, Scope, TwinId};
+use tokio::sync::oneshot;
+
+use crate::error::{AppendError, LeaseOpError, OpenError};
+use crate::leases::LeaseBackend;
+use crate::writer::Command;
 use crate::{Appended, Store};
 
 /// Meta key naming the lease authority a store's tokens come from. Tokens of
@@ -25,7 +28,8 @@ const LEASE_BACKEND_KEY: &[u8] = b"lease_backend";
 pub enum BackendError {
     #[error("this store's fencing tokens came from the {recorded} lease authority; it cannot switch to {requested} (token numbers of two authorities collide). Use a new data folder, or the {recorded} backend")]
     Mismatch { recorded: String, requested: String },
-    #[error("a lease authority is already in use by this store")]
+    /// `route_appends` was called twice.
+    #[error("this store's appends are already routed through the cluster")]
     AlreadySet,
     #[error("store metadata: {0}")]
     Storage(String),
@@ -97,54 +101,6 @@ impl Store {
         )
     }
 
-    /// Check that the embedded authority may serve this store: refused if
-    /// the store's tokens came from a remote one.
-    pub fn check_embedded_backend(&self) -> Result<(), BackendError> {
-        match self.lease_backend()? {
-            b if b == "embedded" => Ok(()),
-            recorded => Err(BackendError::Mismatch {
-                recorded,
-                requested: "embedded".into(),
-            }),
-        }
-    }
-
-    /// Hand every lease operation to `authority` from now on (once, at
-    /// start-up, before serving). Refused for a store whose tokens came from
-    /// another authority; a new store records the choice durably.
-    pub async fn use_remote_authority(
-        &self,
-        authority: Arc<dyn RemoteAuthority>,
-    ) -> Result<(), BackendError> {
-        let name = authority.name();
-        let recorded = self.lease_backend()?;
-        let embedded_used = self.authority().last_token().0 > 0;
-        if recorded != name && (recorded != "embedded" || embedded_used) {
-            return Err(BackendError::Mismatch {
-                recorded,
-                requested: name.into(),
-            });
-        }
-        if recorded != name {
-            let (reply, rx) = oneshot::channel();
-            self.send(Command::Write {
-                writes: vec![RawWrite {
-                    tree: TreeId::META,
-                    key: LEASE_BACKEND_KEY.to_vec(),
-                    value: Some(name.as_bytes().to_vec()),
-                }],
-                reply: Some(reply),
-            })
-            .map_err(|_| BackendError::Storage("the store is shutting down".into()))?;
-            rx.await
-                .map_err(|_| BackendError::Storage("the store is shutting down".into()))?
-                .map_err(|e| BackendError::Storage(e.to_string()))?;
-        }
-        self.remote
-            .set(authority)
-            .map_err(|_| BackendError::AlreadySet)
-    }
-
     /// Register a grant made elsewhere (by a remote authority, possibly
     /// through another node) with the writer that enforces its scope: the
     /// token becomes valid for the scope and the scope's fence is raised to
@@ -173,59 +129,44 @@ impl Store {
         .map_err(|_| LeaseOpError::Closed)?;
         rx.await.map_err(|_| LeaseOpError::Closed)?
     }
+}
 
-    pub(crate) async fn remote_acquire(
-        &self,
-        remote: &dyn RemoteAuthority,
-        req: AcquireRequest,
-    ) -> Result<Lease, LeaseOpError> {
-        let before = self.last_token();
-        let lease = remote
-            .acquire(req)
-            .await
-            .map_err(|e| self.remote_failure(e))?;
-        if lease.token <= before {
-            // Only after a store was moved to a fresh authority; the fence
-            // refuses such tokens (never regress), so say why.
-            warn!(token = lease.token.0, last = before.0, authority = remote.name(), "the authority granted a token at or below one this store has seen; writes with it will be refused as stale");
+/// At open: refuse a lease backend other than the one the store's tokens
+/// came from, and record a remote one for a store that has none yet
+/// (written straight to sled and synced, before the sequencer starts, like
+/// the store's creation). Tokens of two authorities are unrelated counters.
+pub(crate) fn check_backend(
+    db: &sled::Db,
+    path: &Path,
+    meta: &sled::Tree,
+    backend: &LeaseBackend,
+    embedded_last: FencingToken,
+) -> Result<(), OpenError> {
+    let sled_err = |source| OpenError::Sled {
+        path: path.display().to_string(),
+        source,
+    };
+    let requested = backend.name();
+    let recorded = match meta.get(LEASE_BACKEND_KEY).map_err(sled_err)? {
+        Some(v) => String::from_utf8_lossy(&v).into_owned(),
+        None => "embedded".to_owned(),
+    };
+    if recorded == requested {
+        return Ok(());
+    }
+    // Only a store whose embedded authority never granted may take a
+    // remote one; nothing may go back to embedded or switch remotes.
+    if recorded != "embedded" || embedded_last.0 > 0 {
+        return Err(BackendError::Mismatch {
+            recorded,
+            requested: requested.into(),
         }
-        Ok(lease)
+        .into());
     }
-
-    pub(crate) async fn remote_renew(
-        &self,
-        remote: &dyn RemoteAuthority,
-        id: LeaseId,
-    ) -> Result<Lease, LeaseOpError> {
-        let lease = remote.renew(id).await.map_err(|e| self.remote_failure(e))?;
-        self.metrics()
-            .lease_renewals
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(lease)
-    }
-
-    pub(crate) async fn remote_release(
-        &self,
-        remote: &dyn RemoteAuthority,
-        id: LeaseId,
-    ) -> Result<Lease, LeaseOpError> {
-        let lease = remote
-            .release(id)
-            .await
-            .map_err(|e| self.remote_failure(e))?;
-        self.metrics()
-            .lease_releases
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(lease)
-    }
-
-    fn remote_failure(&self, e: RemoteError) -> LeaseOpError {
-        match e {
-            RemoteError::Lease(l) => self.lease_failure(palisade_lease::AuthorityError::Lease(l)),
-            RemoteError::Unavailable { .. } => {
-                self.metrics().lease_refused("unavailable");
-                LeaseOpError::Unavailable(e.to_string())
-            }
-        }
-    }
+    meta.insert(LEASE_BACKEND_KEY, requested.as_bytes())
+        .map_err(sled_err)?;
+    db.flush().map_err(sled_err)?;
+    crate::commit::sync_sled_files(path, &std::sync::Mutex::default())
+        .map_err(|e| sled_err(sled::Error::Io(e)))?;
+    Ok(())
 }

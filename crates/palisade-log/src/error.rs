@@ -119,6 +119,10 @@ pub enum OpenError {
     },
     #[error("lease authority: {0}")]
     Lease(#[from] palisade_lease::AuthorityError),
+    /// The store's tokens came from another lease backend than the one it
+    /// was opened with (message unchanged from the check's own).
+    #[error(transparent)]
+    Backend(#[from] crate::BackendError),
     #[error("cannot start the store's threads: {0}")]
     Thread(std::io::Error),
     #[error("cannot recover the store's write-ahead log: {0}. See docs/operations.md (recovery)")]

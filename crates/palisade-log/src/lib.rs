@@ -55,6 +55,7 @@ mod error;
 pub mod fence;
 mod ingest;
 mod keys;
+mod leases;
 mod metrics;
 mod migrate;
 mod read;
@@ -75,6 +76,7 @@ pub use ingest::{
     DeadLetter, IngestOutcome, IngestRecord, Origin, Rejection, Source, DEAD_LETTERS_PER_PARTITION,
     DEAD_LETTER_VALUE_BYTES, REJECTION_LOG_LEN,
 };
+pub use leases::LeaseBackend;
 pub use metrics::Metrics;
 pub use read::{AsOf, PartitionInfo, TwinView};
 pub use store::{Store, StoreConfig, DEFAULT_PARTITIONS, MAX_PARTITIONS};

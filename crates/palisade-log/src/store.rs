@@ -1,18 +1,19 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use palisade_core::{codec, Clock, FencingToken, LeaseId, NewEvent, PartitionId, Scope, TwinId};
-use palisade_lease::{AcquireRequest, AuthorityError, Lease, LeaseAuthority, RemoteAuthority};
+use palisade_core::{codec, Clock, FencingToken, NewEvent, PartitionId, TwinId};
+use palisade_lease::LeaseAuthority;
 use tokio::sync::oneshot;
 use tracing::{info, instrument, warn};
 
 use crate::cache::ReadCache;
 use crate::commit::{CommitConfig, CommitHooks, CommitShared, Committer, Health, Trees};
-use crate::error::{AppendError, LeaseOpError, OpenError};
+use crate::error::{AppendError, OpenError};
 use crate::ingest::{DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog, Source};
+use crate::leases::LeaseBackend;
 use crate::sources::Sources;
 use crate::wal::Wal;
 use crate::writer::{AppendReq, Command, Partition, Sequencer, Shared};
@@ -50,6 +51,10 @@ pub struct StoreConfig {
     /// [`palisade_lease::ManualClock`] a test moves past a TTL instead of
     /// sleeping.
     pub lease_clock: Arc<dyn palisade_lease::Clock>,
+    /// Where leases come from, for the store's whole life: checked at open
+    /// against the backend the store's tokens came from (recorded in its
+    /// meta tree), so a store never mixes two authorities' token numbers.
+    pub leases: LeaseBackend,
 }
 
 impl Default for StoreConfig {
@@ -65,6 +70,7 @@ impl Default for StoreConfig {
             checkpoint_bytes: 64 << 20,
             hooks: None,
             lease_clock: Arc::new(crate::SystemClock::new()),
+            leases: LeaseBackend::Embedded,
         }
     }
 }
@@ -82,9 +88,10 @@ pub struct Store {
     /// Each partition's durable head, updated after every applied round.
     pub(crate) heads: Vec<tokio::sync::watch::Receiver<u64>>,
     pub(crate) authority: Arc<Mutex<LeaseAuthority>>,
-    /// A lease authority outside the store (etcd), set once at start-up by
-    /// `use_remote_authority` (cluster.rs); when set it replaces `authority`.
-    pub(crate) remote: std::sync::OnceLock<Arc<dyn RemoteAuthority>>,
+    /// The lease backend chosen at open (`StoreConfig::leases`); every
+    /// lease operation dispatches on it in leases.rs. When it is remote,
+    /// `authority` only keeps the embedded tokens of the store's past.
+    pub(crate) leases: LeaseBackend,
     /// Cluster mode: appends go through the partition's Kafka log instead
     /// of straight to the sequencer (set by `route_appends`, cluster.rs).
     pub(crate) append_route: std::sync::OnceLock<Arc<dyn crate::cluster::AppendRoute>>,
@@ -214,6 +221,15 @@ impl Store {
         let sources = Sources::load(&trees.ingest)?;
 
         let authority = LeaseAuthority::open(trees.leases.clone(), config.lease_clock.clone())?;
+        // Before anything can be granted: a store keeps the backend its
+        // first token came from (cluster.rs).
+        crate::cluster::check_backend(
+            &db,
+            path,
+            &trees.meta,
+            &config.leases,
+            authority.last_token(),
+        )?;
         let last_token = Arc::new(AtomicU64::new(authority.last_token().0));
         let authority = Arc::new(Mutex::new(authority));
         let clock = Arc::new(Clock::new(config.max_drift));
@@ -282,7 +298,7 @@ impl Store {
             committer: Arc::new(Mutex::new(Some(committer))),
             heads,
             authority,
-            remote: std::sync::OnceLock::new(),
+            leases: config.leases.clone(),
             append_route: std::sync::OnceLock::new(),
             last_token,
             commit,
@@ -316,28 +332,6 @@ impl Store {
         &self.audit
     }
 
-    /// The lease with this id, if the authority still holds it (live, or
-    /// expired but not yet swept).
-    pub fn lease(&self, id: LeaseId) -> Option<Lease> {
-        match self.remote.get() {
-            Some(remote) => remote.lease(id),
-            None => self.authority().get(id).cloned(),
-        }
-    }
-
-    /// How many live leases `holder` holds.
-    pub fn live_leases_of(&self, holder: &str) -> usize {
-        if let Some(remote) = self.remote.get() {
-            return remote.live_leases_of(holder);
-        }
-        let auth = self.authority();
-        let now = auth.now();
-        auth.table()
-            .leases()
-            .filter(|l| l.holder == holder && l.expires_in_ms(now) > 0)
-            .count()
-    }
-
     pub fn partitions(&self) -> u32 {
         self.partitions
     }
@@ -365,146 +359,6 @@ impl Store {
     /// The last fencing token handed out.
     pub fn last_token(&self) -> FencingToken {
         FencingToken(self.last_token.load(Ordering::SeqCst))
-    }
-
-    pub(crate) fn authority(&self) -> MutexGuard<'_, LeaseAuthority> {
-        // A panic while holding the lock cannot leave the table half-updated
-        // in a way that matters for safety (the fence lives in the log), so a
-        // poisoned lock is taken over rather than propagated.
-        self.authority
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Acquire a lease: the authority decides and persists the grant, then the
-    /// partition writer that enforces the scope raises its fence. The lease is
-    /// returned only after both are durable, so a paused former holder is
-    /// refused even before the new holder's first write.
-    pub async fn acquire(&self, req: AcquireRequest) -> Result<Lease, LeaseOpError> {
-        self.acquire_for(req, None).await
-    }
-
-    /// [`Store::acquire`] for a principal (authentication on): the token
-    /// and the lease id are bound to `owner` inside the grant, so appends,
-    /// renewals and releases by anyone else are refused. With the embedded
-    /// authority the binding is written in the grant's own round; with a
-    /// remote one it is made durable before the lease is returned.
-    #[instrument(skip_all, fields(scope = %req.scope, holder = %req.holder))]
-    pub async fn acquire_for(
-        &self,
-        req: AcquireRequest,
-        owner: Option<&str>,
-    ) -> Result<Lease, LeaseOpError> {
-        if let Scope::Partition(p) = &req.scope {
-            if p.0 >= self.partitions {
-                self.metrics.lease_refused("unknown_partition");
-                return Err(LeaseOpError::UnknownPartition {
-                    scope: req.scope.clone(),
-                    partition: *p,
-                    partitions: self.partitions,
-                });
-            }
-        }
-        if let Some(remote) = self.remote.get() {
-            let lease = self.remote_acquire(remote.as_ref(), req).await?;
-            if let Some(o) = owner {
-                self.bind_owner(&lease, o).await?;
-            }
-            if remote.registers_grants() {
-                self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
-                return Ok(lease);
-            }
-            self.register_grant(lease.token, lease.scope.clone(), lease.holder.clone())
-                .await
-                .inspect_err(|e| {
-                    // The authority granted it but the fence is not raised:
-                    // nobody got the token, so nobody can write with it. The
-                    // scope stays taken until the lease expires.
-                    warn!(error = %e, "fence raise failed after a grant");
-                })?;
-            self.metrics.lease_grants.fetch_add(1, Ordering::Relaxed);
-            return Ok(lease);
-        }
-        // The embedded authority decides on the sequencer, which writes the
-        // lease records and raises the scope's fence in one round.
-        let id = LeaseId(uuid::Uuid::new_v4().as_u128());
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Acquire {
-            req,
-            id,
-            owner: owner.map(str::to_owned),
-            reply,
-        })
-        .map_err(|_| LeaseOpError::Closed)?;
-        rx.await.map_err(|_| LeaseOpError::Closed)?
-    }
-
-    /// A remote grant's owner, durably, before the lease leaves the store.
-    async fn bind_owner(&self, lease: &Lease, owner: &str) -> Result<(), LeaseOpError> {
-        let audit = self.audit();
-        let bound = match audit.bind_token(lease.token, owner).await {
-            Ok(()) => audit.bind_lease(lease.id.0, owner).await,
-            Err(e) => Err(e),
-        };
-        bound.map_err(|e| match e {
-            crate::AuditError::Failed(f) => LeaseOpError::StorageFailed(f),
-            other => LeaseOpError::Storage(format!("token owners: {other}")),
-        })
-    }
-
-    /// Extend a live lease by its TTL (by lease id only); durable (its new
-    /// deadline is stored) before the reply.
-    pub async fn renew(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
-        if let Some(remote) = self.remote.get() {
-            return self.remote_renew(remote.as_ref(), id).await;
-        }
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Renew { id, reply })
-            .map_err(|_| LeaseOpError::Closed)?;
-        rx.await.map_err(|_| LeaseOpError::Closed)?
-    }
-
-    pub async fn release(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
-        if let Some(remote) = self.remote.get() {
-            return self.remote_release(remote.as_ref(), id).await;
-        }
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Release { id, reply })
-            .map_err(|_| LeaseOpError::Closed)?;
-        rx.await.map_err(|_| LeaseOpError::Closed)?
-    }
-
-    /// Retire expired leases (and delete their records). The server calls
-    /// this periodically; expiry itself needs no sweep to take effect.
-    pub async fn sweep_leases(&self) -> Result<usize, LeaseOpError> {
-        if self.remote.get().is_some() {
-            // The remote authority expires its own leases.
-            return Ok(0);
-        }
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Sweep { reply })
-            .map_err(|_| LeaseOpError::Closed)?;
-        rx.await.map_err(|_| LeaseOpError::Closed)?
-    }
-
-    /// Milliseconds until `lease` expires, by the authority's monotonic clock.
-    pub fn lease_expires_in(&self, lease: &Lease) -> u64 {
-        if let Some(remote) = self.remote.get() {
-            return lease.expires_in_ms(remote.now());
-        }
-        lease.expires_in_ms(self.authority().now())
-    }
-
-    /// The live lease on `scope`, if any.
-    pub fn lease_holder(&self, scope: &Scope) -> Option<Lease> {
-        if let Some(remote) = self.remote.get() {
-            return remote.holder_of(scope);
-        }
-        self.authority().holder_of(scope).cloned()
-    }
-
-    pub(crate) fn lease_failure(&self, e: AuthorityError) -> LeaseOpError {
-        crate::writer::lease_failure(&self.metrics, e)
     }
 
     /// Append events to one twin under a fencing token. Accepted iff the
@@ -550,13 +404,7 @@ impl Store {
             Err(AppendError::NotIssued { token }) => {
                 // The writer only knows the token was not granted for its
                 // partition: tell "never issued" from "issued elsewhere".
-                let scope = match self.remote.get() {
-                    Some(remote) => remote.scope_of_token(token).await,
-                    None => (token.0 != 0 && token <= self.last_token())
-                        .then(|| self.authority().scope_of_token(token))
-                        .flatten(),
-                };
-                let e = match scope {
+                let e = match self.scope_of_token(token).await {
                     Some(scope) => AppendError::WrongScope {
                         token,
                         scope,

@@ -26,7 +26,7 @@ use palisade_kafka::cluster::{
 };
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
-use palisade_log::{AppendError, AppendRoute, Appended, IngestOutcome, Store};
+use palisade_log::{AppendError, AppendRoute, Appended, IngestOutcome, LeaseBackend, Store};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
@@ -37,39 +37,80 @@ mod authority;
 #[cfg(test)]
 mod tests;
 
-/// Bind the lease authority of `mode` to the store before it serves, and
-/// start the cluster node in cluster mode: nothing for the embedded
-/// authority (after checking the store's tokens came from it), a connected
-/// etcd authority for a single node on etcd, the node (whose leases and
-/// appends go through etcd and Kafka from now on) in cluster mode.
-pub async fn bind(
+/// The lease backend of a mode, made before the store opens: the store
+/// takes it at open (and refuses it if its tokens came from another). In
+/// cluster mode the authority needs the node, and the node needs the opened
+/// store: the authority is made unbound here and given its node in
+/// [`start`], before the store serves a single lease call.
+#[derive(Debug)]
+pub struct Authority {
+    backend: LeaseBackend,
+    /// Cluster mode: the authority the node is given to, and the etcd
+    /// connection the node's owner leases use.
+    cluster: Option<(Arc<authority::ClusterAuthority>, Arc<EtcdAuthority>)>,
+}
+
+impl Authority {
+    /// What `StoreConfig::leases` is set to.
+    pub fn backend(&self) -> LeaseBackend {
+        self.backend.clone()
+    }
+}
+
+/// The lease authority of `mode`: the embedded one, a connected etcd
+/// authority for a single node on etcd, or cluster mode's etcd-through-Kafka
+/// one (its node started later by [`start`]).
+pub async fn authority(mode: &Mode) -> anyhow::Result<Authority> {
+    Ok(match mode {
+        Mode::Single {
+            leases: Leases::Embedded,
+        } => Authority {
+            backend: LeaseBackend::Embedded,
+            cluster: None,
+        },
+        Mode::Single {
+            leases: Leases::Etcd(etcd),
+        } => Authority {
+            backend: LeaseBackend::Remote(connect(etcd).await?),
+            cluster: None,
+        },
+        Mode::Cluster { etcd, .. } => {
+            let etcd = connect(etcd).await?;
+            let cluster = Arc::new(authority::ClusterAuthority::unbound());
+            Authority {
+                backend: LeaseBackend::Remote(cluster.clone()),
+                cluster: Some((cluster, etcd)),
+            }
+        }
+    })
+}
+
+/// Start the cluster node in cluster mode, on the store opened with
+/// `authority` (whose leases and appends go through etcd and Kafka from now
+/// on); nothing in the other modes.
+pub async fn start(
     store: &Arc<Store>,
+    authority: Authority,
     mode: &Mode,
     config: &ServeConfig,
 ) -> anyhow::Result<Option<Arc<Node>>> {
-    match mode {
-        Mode::Single {
-            leases: Leases::Embedded,
-        } => {
-            store.check_embedded_backend()?;
-            Ok(None)
-        }
-        Mode::Single {
-            leases: Leases::Etcd(etcd),
-        } => {
-            let etcd = connect(etcd).await?;
-            store.use_remote_authority(etcd).await?;
-            Ok(None)
-        }
-        Mode::Cluster {
-            node,
-            etcd,
-            kafka_brokers,
-        } => {
-            let etcd = connect(etcd).await?;
+    match (mode, authority.cluster) {
+        (
+            Mode::Cluster {
+                node,
+                kafka_brokers,
+                ..
+            },
+            Some((cluster, etcd)),
+        ) => {
             let node = Node::start(store.clone(), node, kafka_brokers, config, etcd).await?;
+            cluster.bind(node.clone())?;
             Ok(Some(node))
         }
+        (Mode::Cluster { .. }, None) => {
+            anyhow::bail!("cluster mode needs the authority made for it by cluster::authority")
+        }
+        _ => Ok(None),
     }
 }
 
@@ -149,7 +190,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Node {
     /// The cluster node of `palisade serve --cluster-node`, bound to the
-    /// store (its leases and appends go through the node from now on).
+    /// store (its appends go through the node from now on; its leases once
+    /// [`start`] gives the node to the store's authority).
     pub async fn start(
         store: Arc<Store>,
         id: &str,
@@ -172,9 +214,6 @@ impl Node {
         if let Some(u) = &config.cluster_advertise {
             let _ = node.url.set(u.clone());
         }
-        store
-            .use_remote_authority(Arc::new(authority::ClusterAuthority::new(node.clone())))
-            .await?;
         store.route_appends(node.clone())?;
         info!(node = %node.id, "cluster mode");
         Ok(node)

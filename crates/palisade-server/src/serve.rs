@@ -24,10 +24,18 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let security = crate::security::prepare(&config)?;
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
-    let store = Arc::new(Store::open(&config.data, config.store_config())?);
-    // The lease authority of the mode; in cluster mode (cluster.rs) leases,
-    // appends and reads go through the node.
-    let node = crate::cluster::bind(&store, &mode, &config).await?;
+    // The lease authority of the mode, chosen before the store opens: the
+    // store refuses one its tokens did not come from. In cluster mode
+    // (cluster.rs) leases, appends and reads go through the node.
+    let authority = crate::cluster::authority(&mode).await?;
+    let store = Arc::new(Store::open(
+        &config.data,
+        palisade_log::StoreConfig {
+            leases: authority.backend(),
+            ..config.store_config()
+        },
+    )?);
+    let node = crate::cluster::start(&store, authority, &mode, &config).await?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

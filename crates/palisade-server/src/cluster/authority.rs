@@ -1,7 +1,7 @@
 //! Cluster mode's lease authority: etcd's, with every grant also written to
 //! the scope's partition in Kafka.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use palisade_core::{BoxFuture, FencingToken, LeaseId, Scope};
 use palisade_kafka::cluster::{CONTROL_HEADER, HOLDER_HEADER, SCOPE_HEADER};
@@ -14,17 +14,41 @@ use super::Node;
 /// node owns it (and by every node that replays it later).
 #[derive(Debug)]
 pub(super) struct ClusterAuthority {
-    node: Arc<Node>,
+    /// The node, given once it is built on the store that was opened with
+    /// this authority (the store comes first: the node needs it). Until
+    /// then, which is before the server listens, every call is refused as
+    /// unavailable.
+    node: OnceLock<Arc<Node>>,
 }
 
 impl ClusterAuthority {
-    pub(super) fn new(node: Arc<Node>) -> Self {
-        Self { node }
+    pub(super) fn unbound() -> Self {
+        Self {
+            node: OnceLock::new(),
+        }
+    }
+
+    /// Give the authority its node (once).
+    pub(super) fn bind(&self, node: Arc<Node>) -> anyhow::Result<()> {
+        self.node
+            .set(node)
+            .map_err(|_| anyhow::anyhow!("the cluster lease authority already has its node"))
+    }
+
+    fn node(&self) -> Result<&Node, RemoteError> {
+        self.node
+            .get()
+            .map(AsRef::as_ref)
+            .ok_or(RemoteError::Unavailable {
+                authority: "etcd",
+                detail: "the cluster node is not started yet".into(),
+            })
     }
 
     async fn acquire_and_log(&self, req: AcquireRequest) -> Result<Lease, RemoteError> {
-        let lease = self.node.authority.acquire(req).await?;
-        let p = lease.scope.partition(self.node.store.partitions()).0;
+        let node = self.node()?;
+        let lease = node.authority.acquire(req).await?;
+        let p = lease.scope.partition(node.store.partitions()).0;
         let headers = vec![
             (CONTROL_HEADER, "grant".to_owned()),
             (
@@ -34,9 +58,9 @@ impl ClusterAuthority {
             (SCOPE_HEADER, lease.scope.to_string()),
             (HOLDER_HEADER, lease.holder.clone()),
         ];
-        if let Err(e) = self.node.log.produce(p, None, Vec::new(), headers).await {
+        if let Err(e) = node.log.produce(p, None, Vec::new(), headers).await {
             // Nobody got the token: give the lease back.
-            let _ = self.node.authority.release(lease.id).await;
+            let _ = node.authority.release(lease.id).await;
             return Err(RemoteError::Unavailable {
                 authority: "etcd",
                 detail: format!("the grant could not be written to Kafka: {e}"),
@@ -54,25 +78,36 @@ impl RemoteAuthority for ClusterAuthority {
         Box::pin(self.acquire_and_log(req))
     }
     fn renew(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>> {
-        self.node.authority.renew(id)
+        match self.node() {
+            Ok(node) => node.authority.renew(id),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
     fn release(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>> {
-        self.node.authority.release(id)
+        match self.node() {
+            Ok(node) => node.authority.release(id),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
     fn scope_of_token(&self, token: FencingToken) -> BoxFuture<'_, Option<Scope>> {
-        self.node.authority.scope_of_token(token)
+        match self.node() {
+            Ok(node) => node.authority.scope_of_token(token),
+            Err(_) => Box::pin(std::future::ready(None)),
+        }
     }
     fn holder_of(&self, scope: &Scope) -> Option<Lease> {
-        self.node.authority.holder_of(scope)
+        self.node().ok()?.authority.holder_of(scope)
     }
     fn lease(&self, id: LeaseId) -> Option<Lease> {
-        self.node.authority.lease(id)
+        self.node().ok()?.authority.lease(id)
     }
     fn live_leases_of(&self, holder: &str) -> usize {
-        self.node.authority.live_leases_of(holder)
+        self.node()
+            .map_or(0, |n| n.authority.live_leases_of(holder))
     }
     fn now(&self) -> Millis {
-        self.node.authority.now()
+        // Unbound, no lease of this authority exists to compare with.
+        self.node().map_or(Millis(0), |n| n.authority.now())
     }
     fn registers_grants(&self) -> bool {
         true

@@ -310,3 +310,35 @@ async fn a_silent_etcd_stops_the_partition_at_the_deadline_and_it_is_taken_anew_
     assert!(again > token, "{again:?} after {token:?}");
     assert_eq!(h.log.markers(), vec![(0, token.0), (0, again.0)]);
 }
+
+/// Cluster mode's authority is made before the store opens and gets its
+/// node afterwards: until then it grants nothing (unavailable), then every
+/// call reaches the node's authority; it takes a node once.
+#[tokio::test(start_paused = true)]
+async fn the_cluster_authority_refuses_until_it_has_its_node_then_asks_it() {
+    let h = harness(Renew::Ok);
+    let cluster = authority::ClusterAuthority::unbound();
+    let req = || AcquireRequest {
+        scope: "twin/a".parse().unwrap(),
+        holder: "A".into(),
+        ttl_ms: 5_000,
+    };
+    match cluster.acquire(req()).await {
+        Err(RemoteError::Unavailable { detail, .. }) => {
+            assert!(detail.contains("not started"), "{detail}");
+        }
+        other => panic!("an unbound authority must refuse: {other:?}"),
+    }
+    assert!(cluster.renew(LeaseId(1)).await.is_err());
+    assert_eq!(cluster.live_leases_of("A"), 0);
+    cluster.bind(h.node.clone()).unwrap();
+    // Bound: the request reaches the node's authority (which, in this
+    // test, answers "not in this test").
+    match cluster.acquire(req()).await {
+        Err(RemoteError::Unavailable { detail, .. }) => {
+            assert_eq!(detail, "not in this test");
+        }
+        other => panic!("a bound authority must ask the node's: {other:?}"),
+    }
+    assert!(cluster.bind(h.node.clone()).is_err(), "bound only once");
+}

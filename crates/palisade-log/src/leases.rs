@@ -1,0 +1,283 @@
+//! The store's lease operations, dispatched in one place to the backend the
+//! store was opened with ([`LeaseBackend`], `StoreConfig::leases`): the
+//! embedded authority on the sequencer, or an authority outside the store
+//! (etcd, cluster mode) whose grants are then registered with the partition
+//! writers (docs/decisions/0025-lease-backend-at-open.md).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+
+use palisade_core::{FencingToken, LeaseId, Scope};
+use palisade_lease::{
+    AcquireRequest, AuthorityError, Lease, LeaseAuthority, Millis, RemoteAuthority, RemoteError,
+};
+use tokio::sync::oneshot;
+use tracing::{instrument, warn};
+
+use crate::error::LeaseOpError;
+use crate::writer::Command;
+use crate::Store;
+
+/// Where a store's leases come from, chosen when it opens and kept for its
+/// life. A store keeps the backend its first token came from: opening it
+/// with another is refused ([`crate::BackendError::Mismatch`]).
+#[derive(Debug, Clone, Default)]
+pub enum LeaseBackend {
+    /// The store's own authority: grants decided on the sequencer, written
+    /// in the same synced round as the fence they raise.
+    #[default]
+    Embedded,
+    /// An authority outside the store (etcd, `palisade-etcd`; cluster mode's
+    /// etcd-through-Kafka). Each grant is registered with the partition
+    /// writer that enforces it, unless the authority does that itself.
+    Remote(Arc<dyn RemoteAuthority>),
+}
+
+impl LeaseBackend {
+    /// The name recorded in the store's meta tree (`lease_backend`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Embedded => "embedded",
+            Self::Remote(r) => r.name(),
+        }
+    }
+}
+
+impl Store {
+    pub(crate) fn authority(&self) -> MutexGuard<'_, LeaseAuthority> {
+        // A panic while holding the lock cannot leave the table half-updated
+        // in a way that matters for safety (the fence lives in the log), so a
+        // poisoned lock is taken over rather than propagated.
+        self.authority
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The remote authority, if the store was opened with one.
+    fn remote(&self) -> Option<&dyn RemoteAuthority> {
+        match &self.leases {
+            LeaseBackend::Embedded => None,
+            LeaseBackend::Remote(r) => Some(r.as_ref()),
+        }
+    }
+
+    /// The lease with this id, if the authority still holds it (live, or
+    /// expired but not yet swept).
+    pub fn lease(&self, id: LeaseId) -> Option<Lease> {
+        match self.remote() {
+            Some(remote) => remote.lease(id),
+            None => self.authority().get(id).cloned(),
+        }
+    }
+
+    /// How many live leases `holder` holds.
+    pub fn live_leases_of(&self, holder: &str) -> usize {
+        match self.remote() {
+            Some(remote) => remote.live_leases_of(holder),
+            None => {
+                let auth = self.authority();
+                let now = auth.now();
+                auth.table()
+                    .leases()
+                    .filter(|l| l.holder == holder && l.expires_in_ms(now) > 0)
+                    .count()
+            }
+        }
+    }
+
+    /// Acquire a lease: the authority decides and persists the grant, then the
+    /// partition writer that enforces the scope raises its fence. The lease is
+    /// returned only after both are durable, so a paused former holder is
+    /// refused even before the new holder's first write.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Lease, LeaseOpError> {
+        self.acquire_for(req, None).await
+    }
+
+    /// [`Store::acquire`] for a principal (authentication on): the token
+    /// and the lease id are bound to `owner` inside the grant, so appends,
+    /// renewals and releases by anyone else are refused. With the embedded
+    /// authority the binding is written in the grant's own round; with a
+    /// remote one it is made durable before the lease is returned.
+    #[instrument(skip_all, fields(scope = %req.scope, holder = %req.holder))]
+    pub async fn acquire_for(
+        &self,
+        req: AcquireRequest,
+        owner: Option<&str>,
+    ) -> Result<Lease, LeaseOpError> {
+        if let Scope::Partition(p) = &req.scope {
+            if p.0 >= self.partitions {
+                self.metrics().lease_refused("unknown_partition");
+                return Err(LeaseOpError::UnknownPartition {
+                    scope: req.scope.clone(),
+                    partition: *p,
+                    partitions: self.partitions,
+                });
+            }
+        }
+        match self.remote() {
+            Some(remote) => self.remote_acquire(remote, req, owner).await,
+            None => {
+                // The embedded authority decides on the sequencer, which
+                // writes the lease records and raises the scope's fence in
+                // one round.
+                let id = LeaseId(uuid::Uuid::new_v4().as_u128());
+                let (reply, rx) = oneshot::channel();
+                self.send(Command::Acquire {
+                    req,
+                    id,
+                    owner: owner.map(str::to_owned),
+                    reply,
+                })
+                .map_err(|_| LeaseOpError::Closed)?;
+                rx.await.map_err(|_| LeaseOpError::Closed)?
+            }
+        }
+    }
+
+    /// Extend a live lease by its TTL (by lease id only); durable (its new
+    /// deadline is stored) before the reply.
+    pub async fn renew(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
+        match self.remote() {
+            Some(remote) => {
+                let lease = remote.renew(id).await.map_err(|e| self.remote_failure(e))?;
+                self.metrics()
+                    .lease_renewals
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(lease)
+            }
+            None => {
+                let (reply, rx) = oneshot::channel();
+                self.send(Command::Renew { id, reply })
+                    .map_err(|_| LeaseOpError::Closed)?;
+                rx.await.map_err(|_| LeaseOpError::Closed)?
+            }
+        }
+    }
+
+    pub async fn release(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
+        match self.remote() {
+            Some(remote) => {
+                let lease = remote
+                    .release(id)
+                    .await
+                    .map_err(|e| self.remote_failure(e))?;
+                self.metrics()
+                    .lease_releases
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(lease)
+            }
+            None => {
+                let (reply, rx) = oneshot::channel();
+                self.send(Command::Release { id, reply })
+                    .map_err(|_| LeaseOpError::Closed)?;
+                rx.await.map_err(|_| LeaseOpError::Closed)?
+            }
+        }
+    }
+
+    /// Retire expired leases (and delete their records). The server calls
+    /// this periodically; expiry itself needs no sweep to take effect.
+    pub async fn sweep_leases(&self) -> Result<usize, LeaseOpError> {
+        if self.remote().is_some() {
+            // The remote authority expires its own leases.
+            return Ok(0);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Sweep { reply })
+            .map_err(|_| LeaseOpError::Closed)?;
+        rx.await.map_err(|_| LeaseOpError::Closed)?
+    }
+
+    /// Monotonic now of the lease backend, in the time base of its leases'
+    /// `expires_at`.
+    fn lease_now(&self) -> Millis {
+        match self.remote() {
+            Some(remote) => remote.now(),
+            None => self.authority().now(),
+        }
+    }
+
+    /// Milliseconds until `lease` expires, by the authority's monotonic clock.
+    pub fn lease_expires_in(&self, lease: &Lease) -> u64 {
+        lease.expires_in_ms(self.lease_now())
+    }
+
+    /// The live lease on `scope`, if any.
+    pub fn lease_holder(&self, scope: &Scope) -> Option<Lease> {
+        match self.remote() {
+            Some(remote) => remote.holder_of(scope),
+            None => self.authority().holder_of(scope).cloned(),
+        }
+    }
+
+    /// The scope `token` was granted on, if the backend issued it: tells a
+    /// token that was never issued from one issued for another scope.
+    pub(crate) async fn scope_of_token(&self, token: FencingToken) -> Option<Scope> {
+        match self.remote() {
+            Some(remote) => remote.scope_of_token(token).await,
+            None => (token.0 != 0 && token <= self.last_token())
+                .then(|| self.authority().scope_of_token(token))
+                .flatten(),
+        }
+    }
+
+    pub(crate) fn lease_failure(&self, e: AuthorityError) -> LeaseOpError {
+        crate::writer::lease_failure(self.metrics(), e)
+    }
+
+    async fn remote_acquire(
+        &self,
+        remote: &dyn RemoteAuthority,
+        req: AcquireRequest,
+        owner: Option<&str>,
+    ) -> Result<Lease, LeaseOpError> {
+        let before = self.last_token();
+        let lease = remote
+            .acquire(req)
+            .await
+            .map_err(|e| self.remote_failure(e))?;
+        if lease.token <= before {
+            // Only after a store was moved to a fresh authority; the fence
+            // refuses such tokens (never regress), so say why.
+            warn!(token = lease.token.0, last = before.0, authority = remote.name(), "the authority granted a token at or below one this store has seen; writes with it will be refused as stale");
+        }
+        if let Some(o) = owner {
+            self.bind_owner(&lease, o).await?;
+        }
+        if !remote.registers_grants() {
+            self.register_grant(lease.token, lease.scope.clone(), lease.holder.clone())
+                .await
+                .inspect_err(|e| {
+                    // The authority granted it but the fence is not raised:
+                    // nobody got the token, so nobody can write with it. The
+                    // scope stays taken until the lease expires.
+                    warn!(error = %e, "fence raise failed after a grant");
+                })?;
+        }
+        self.metrics().lease_grants.fetch_add(1, Ordering::Relaxed);
+        Ok(lease)
+    }
+
+    /// A remote grant's owner, durably, before the lease leaves the store.
+    async fn bind_owner(&self, lease: &Lease, owner: &str) -> Result<(), LeaseOpError> {
+        let audit = self.audit();
+        let bound = match audit.bind_token(lease.token, owner).await {
+            Ok(()) => audit.bind_lease(lease.id.0, owner).await,
+            Err(e) => Err(e),
+        };
+        bound.map_err(|e| match e {
+            crate::AuditError::Failed(f) => LeaseOpError::StorageFailed(f),
+            other => LeaseOpError::Storage(format!("token owners: {other}")),
+        })
+    }
+
+    fn remote_failure(&self, e: RemoteError) -> LeaseOpError {
+        match e {
+            RemoteError::Lease(l) => self.lease_failure(AuthorityError::Lease(l)),
+            RemoteError::Unavailable { .. } => {
+                self.metrics().lease_refused("unavailable");
+                LeaseOpError::Unavailable(e.to_string())
+            }
+        }
+    }
+}
