@@ -790,6 +790,27 @@ impl Store {
         self.refusals.list(p.0, Some(twin), limit)
     }
 
+    /// [`Store::refusals_of_twin`] on tokio's blocking pool (a scan of up
+    /// to the partition's cap).
+    pub async fn refusals_of_twin_async(
+        self: &Arc<Self>,
+        twin: &TwinId,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, crate::ReadError> {
+        let (store, twin) = (self.clone(), twin.clone());
+        crate::read::off_worker(move || store.refusals_of_twin(&twin, limit)).await
+    }
+
+    /// [`Store::refusals_of_partition`] on tokio's blocking pool.
+    pub async fn refusals_of_partition_async(
+        self: &Arc<Self>,
+        p: PartitionId,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, crate::ReadError> {
+        let store = self.clone();
+        crate::read::off_worker(move || store.refusals_of_partition(p, limit)).await
+    }
+
     /// The newest refused writes of partition `p`, newest first.
     pub fn refusals_of_partition(
         &self,
