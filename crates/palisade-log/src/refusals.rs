@@ -180,7 +180,7 @@ impl Refusal {
             event_ids: events
                 .iter()
                 .take(MAX_EVENT_IDS)
-                .map(|e| truncated(&e.event_id, MAX_TEXT))
+                .map(|e| truncated(&e.event_id, palisade_core::MAX_EVENT_ID_LEN))
                 .collect(),
             event_count: u32::try_from(events.len()).unwrap_or(u32::MAX),
             digest: payload_digest(events),
@@ -384,6 +384,46 @@ mod tests {
             .is_empty());
         assert!(store.refusals_of_partition(PartitionId(1), 10).is_err());
         store.close().await;
+    }
+
+    /// The sizes `docs/on-disk-format.md` quotes for the bound's cost.
+    #[test]
+    fn entries_are_small_and_their_size_is_bounded() {
+        let twin = TwinId::new("pump-0007-line-3").unwrap();
+        let stale = crate::AppendError::Stale {
+            token: FencingToken(1_234),
+            fence: FencingToken(1_240),
+        };
+        let typical = Refusal::new(
+            PartitionId(3),
+            &twin,
+            RefusalSource::Http,
+            None,
+            FencingToken(1_234),
+            &stale,
+            Some("worker-a"),
+            &[ev("0b6f3c2e-7d1a-4f0e-9a51-2c8d", serde_json::json!({"rpm": 1}))],
+        );
+        let len = codec::encode(&typical).len();
+        assert!(len < 300, "typical entry {len} bytes");
+        let long = "x".repeat(4096);
+        let many: Vec<NewEvent> = (0..500)
+            .map(|i| ev(&format!("{i}{long}"), serde_json::json!({})))
+            .collect();
+        let worst = Refusal::new(
+            PartitionId(3),
+            &TwinId::new("t".repeat(palisade_core::MAX_TWIN_ID_LEN)).unwrap(),
+            RefusalSource::Kafka,
+            Some((u32::MAX, u64::MAX)),
+            FencingToken(u64::MAX),
+            &crate::AppendError::BadEvent(long.clone()),
+            Some(&long),
+            &many,
+        );
+        let len = codec::encode(&worst).len();
+        assert!(len < 10 * 1024, "largest entry {len} bytes");
+        assert_eq!(worst.event_count, 500);
+        assert_eq!(worst.event_ids.len(), MAX_EVENT_IDS);
     }
 
     #[test]
