@@ -402,7 +402,10 @@ mod tests {
             FencingToken(1_234),
             &stale,
             Some("worker-a"),
-            &[ev("0b6f3c2e-7d1a-4f0e-9a51-2c8d", serde_json::json!({"rpm": 1}))],
+            &[ev(
+                "0b6f3c2e-7d1a-4f0e-9a51-2c8d",
+                serde_json::json!({"rpm": 1}),
+            )],
         );
         let len = codec::encode(&typical).len();
         assert!(len < 300, "typical entry {len} bytes");
