@@ -51,6 +51,37 @@ fn a_stale_token_is_refused_with_exit_1_and_the_error_name() {
         .json();
     assert_eq!(twin["state"]["open"], false);
     assert_eq!(twin["version"], 2);
+
+    // Issue 14: both refusals are in the journal, newest first, with the
+    // token, the fence it hit and the holder; `--partition` lists them too.
+    let lines = run(url, &["refusals", "--twin", "valve-1", "--json"])
+        .ok()
+        .json_lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for l in &lines {
+        assert_eq!(l["reason"], "stale_token");
+        assert_eq!(l["token"].as_u64(), Some(token_a));
+        assert_eq!(l["fence"].as_u64(), Some(token_b));
+        assert_eq!(l["holder"], "writer-a");
+    }
+    assert!(lines[0]["seq"].as_u64() > lines[1]["seq"].as_u64());
+    let p = lines[0]["partition"].as_u64().unwrap().to_string();
+    let r = run(url, &["refusals", "--partition", &p]).ok();
+    assert!(
+        r.stdout.contains("stale_token") && r.stdout.contains("writer-a"),
+        "{r:?}"
+    );
+    let r = run(url, &["refusals", "--twin", "no-such-twin"]).ok();
+    assert!(
+        r.stdout.contains("no refused writes of twin no-such-twin"),
+        "{r:?}"
+    );
+    // One of --twin and --partition, not both, not neither: usage errors.
+    assert_eq!(run(url, &["refusals"]).code, 2);
+    assert_eq!(
+        run(url, &["refusals", "--twin", "a", "--partition", "1"]).code,
+        2
+    );
     server.terminate();
 }
 

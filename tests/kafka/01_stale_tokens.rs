@@ -141,6 +141,42 @@ async fn exactly_the_stale_records_are_dropped_and_the_rest_applied_in_order() {
     assert_eq!(got, want, "rejections must be exactly the stale records");
     assert_eq!(rejections.len(), stale.len(), "each stale record once");
 
+    // Issue 14: the durable refusal journal names them too, per twin, with
+    // source kafka, the record's place, the token and the fence it hit.
+    for twin in &twins {
+        let r = c
+            .get(&format!("/v1/twins/{twin}/refusals?limit=1000"))
+            .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let list = r.body["refusals"].as_array().unwrap();
+        let current = *tokens[twin].last().unwrap();
+        let got: BTreeSet<(u64, u64, u64)> = list
+            .iter()
+            .map(|r| {
+                assert_eq!(r["source"], "kafka", "{r}");
+                assert_eq!(r["reason"], "stale_token", "{r}");
+                assert_eq!(r["fence"], current, "{r}");
+                (
+                    r["source_partition"].as_u64().unwrap(),
+                    r["offset"].as_u64().unwrap(),
+                    r["token"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let want: BTreeSet<(u64, u64, u64)> = stale
+            .iter()
+            .filter(|s| &s.twin == twin)
+            .map(|s| (u64::from(s.partition), s.offset, s.token))
+            .collect();
+        assert_eq!(got, want, "refusal journal of {twin}");
+        assert_eq!(list.len(), want.len(), "each stale record of {twin} once");
+        let offsets: Vec<u64> = list.iter().map(|r| r["offset"].as_u64().unwrap()).collect();
+        assert!(
+            offsets.windows(2).all(|w| w[0] > w[1]),
+            "newest first: {offsets:?}"
+        );
+    }
+
     // Per key: the current-token records, in produce order, nothing else.
     for twin in &twins {
         let want: Vec<String> = applied

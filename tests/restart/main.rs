@@ -24,6 +24,9 @@ mod sigterm_with_watchers;
 #[path = "05_expired_leases.rs"]
 mod expired_leases;
 
+#[path = "06_refusal_journal.rs"]
+mod refusal_journal;
+
 use serde_json::Value;
 use support::Client;
 

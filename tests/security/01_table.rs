@@ -220,6 +220,39 @@ async fn every_principal_can_do_what_its_roles_grant_and_nothing_else() {
         401,
         "unauthenticated"
     );
+    // The refusal journal (issue 14) is read like the events.
+    row!(
+        "worker-a read device-1 refusals",
+        s.get("worker-a", "/v1/twins/device-1/refusals").await,
+        200,
+        ""
+    );
+    row!(
+        "worker-a read pump refusals",
+        s.get("worker-a", &format!("/v1/twins/{pump}/refusals"))
+            .await,
+        403,
+        "forbidden"
+    );
+    row!(
+        "reader read partition 3 refusals",
+        s.get("reader", "/v1/partitions/3/refusals").await,
+        200,
+        ""
+    );
+    row!(
+        "worker-a read partition 3 refusals",
+        s.get("worker-a", "/v1/partitions/3/refusals").await,
+        403,
+        "forbidden"
+    );
+    row!(
+        "no key: refusals",
+        s.call(None, Method::GET, "/v1/twins/device-1/refusals", None, &[])
+            .await,
+        401,
+        "unauthenticated"
+    );
 
     // Admin data: `read` or `admin` on admin/<name>; the audit log: `admin`.
     for path in [

@@ -76,6 +76,10 @@ test("a write appears live and a stale rejection is counted", async () => {
   assert.equal(written.length, 2, String(written));
   assert.ok(written.every((t) => t.includes("A wrote") && t.includes(`under token ${a.body.token}`)), String(written));
   assert.match(await page.textContent("#timeline li.refused"), new RegExp(`token ${a.body.token}`));
+  // From the twin's durable refusal journal (issue 14): the fence it hit,
+  // the holder of the refused token, the payload digest.
+  assert.match(await page.textContent("#timeline li.refused"), new RegExp(`fence ${b.body.token}\\) held by A`));
+  assert.match(await page.textContent("#timeline li.refused"), /sha256 [0-9a-f]{12}/);
 
   // Live charts, from the store's own /metrics: the writes and the refusal
   // show as points above the baseline, latency has its two lines, and there

@@ -36,5 +36,6 @@ pub use event::{AppendResponse, EventIn, EventOut, EventsPage};
 pub use lease::{LeaseIn, LeaseOut};
 pub use read::{
     AuditOut, AuditResponse, DeadLetterOut, DeadLettersResponse, Health, HealthFailure,
-    PartitionOut, PartitionsResponse, RejectionOut, RejectionsResponse, TwinResponse,
+    PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,
+    RejectionsResponse, TwinResponse,
 };

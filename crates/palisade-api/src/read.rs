@@ -89,6 +89,52 @@ pub struct RejectionOut {
     pub twin_id: String,
 }
 
+/// `200` of `GET /v1/twins/{id}/refusals` and
+/// `GET /v1/partitions/{p}/refusals`: the durable refusal journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RefusalsResponse {
+    /// Newest first (at most the partition's cap are kept).
+    pub refusals: Vec<RefusalOut>,
+}
+
+/// A refused write kept in the durable refusal journal (HTTP or Kafka):
+/// who tried what with which token, and what stopped it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RefusalOut {
+    /// Wall-clock milliseconds since 1970 when it was refused.
+    pub at_ms: u64,
+    /// SHA-256 (hex) of the refused events' canonical JSON: an array of
+    /// `{"event_id","hlc"?,"patch","type"}`, keys sorted, no whitespace.
+    pub digest: String,
+    /// How many events the refused write carried.
+    pub event_count: u32,
+    /// The ids of the refused events, in order (at most 64).
+    pub event_ids: Vec<String>,
+    /// The fence the token hit (`stale_token` only).
+    pub fence: Option<u64>,
+    /// The holder the token was granted to, if the partition knows it.
+    pub holder: Option<String>,
+    pub message: String,
+    /// The Kafka offset (`null` for HTTP), in `source_partition`.
+    pub offset: Option<u64>,
+    /// The store partition of the twin.
+    pub partition: u32,
+    /// The principal the token was granted to (authentication on), if known.
+    pub principal: Option<String>,
+    /// Stable reason name, as the `error` of the refused request.
+    pub reason: String,
+    /// Position in the partition's journal (grows, never reused).
+    pub seq: u64,
+    /// `http` or `kafka`.
+    pub source: String,
+    /// The Kafka partition the record was read from (`null` for HTTP).
+    pub source_partition: Option<u32>,
+    pub token: u64,
+    pub twin_id: String,
+}
+
 /// `200` of `GET /v1/dead-letters`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -1,4 +1,4 @@
-//! `lease`, `append`, `get`, `events`, `partitions`: one request each.
+//! `lease`, `append`, `get`, `events`, `refusals`, `partitions`: one request each.
 //!
 //! Leases, appends and event pages go through `palisade-client`; `get`
 //! (time travel, `delta`) and `partitions` are not in the SDK, so they are
@@ -13,7 +13,7 @@ use reqwest::Url;
 use serde_json::{json, Value};
 
 use super::{out, pick, AcquireArgs, AppendArgs, Conn, EventsArgs, Failure, GetArgs};
-use super::{LeaseIdArgs, PartitionsArgs, Pick, Table};
+use super::{LeaseIdArgs, PartitionsArgs, Pick, RefusalsArgs, Table};
 
 /// The SDK client and a plain HTTP client sharing its connection pool.
 pub(crate) struct Session {
@@ -291,6 +291,56 @@ pub(crate) async fn events(a: EventsArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// `palisade refusals`: the twin's or partition's refusal journal.
+pub(crate) async fn refusals(a: RefusalsArgs) -> Result<(), Failure> {
+    let s = Session::new(&a.conn)?;
+    let (list, what) = match (&a.twin, a.partition) {
+        (Some(twin), _) => (
+            s.client.twin_refusals(twin, a.limit).await,
+            format!("twin {twin}"),
+        ),
+        (None, Some(p)) => (
+            s.client.partition_refusals(p, a.limit).await,
+            format!("partition {p}"),
+        ),
+        // clap requires one of the two.
+        (None, None) => return Ok(()),
+    };
+    let list = list.map_err(|e| s.fail(e))?;
+    if a.conn.json {
+        for r in &list {
+            json_line(r)?;
+        }
+        return Ok(());
+    }
+    if list.is_empty() {
+        return out(format!("no refused writes of {what}"));
+    }
+    let mut t = Table::new([
+        "AT_MS", "TWIN", "SOURCE", "REASON", "TOKEN", "FENCE", "HOLDER", "EVENTS", "DIGEST",
+    ]);
+    for r in &list {
+        t.row([
+            r.at_ms.to_string(),
+            r.twin_id.clone(),
+            match (r.source_partition, r.offset) {
+                (Some(p), Some(o)) => format!("{}@{p}/{o}", r.source),
+                _ => r.source.clone(),
+            },
+            r.reason.clone(),
+            r.token.to_string(),
+            r.fence.map_or_else(|| "-".to_owned(), |f| f.to_string()),
+            r.principal
+                .clone()
+                .or_else(|| r.holder.clone())
+                .unwrap_or_else(|| "-".to_owned()),
+            r.event_ids.join(","),
+            r.digest.get(..12).unwrap_or_default().to_owned(),
+        ]);
+    }
+    t.print()
 }
 
 fn event_row(e: &StoredEvent) -> [String; 6] {

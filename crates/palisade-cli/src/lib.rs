@@ -59,6 +59,9 @@ pub enum CliCommand {
     /// Follow a twin's or a partition's events as they are appended
     /// (Server-Sent Events; reconnects and resumes after the last event seen).
     Tail(TailArgs),
+    /// List refused writes (stale tokens, tokens never issued ...) of a twin
+    /// or a partition from the store's durable refusal journal, newest first.
+    Refusals(RefusalsArgs),
     /// List the store's partitions: head, fence and owner.
     Partitions(PartitionsArgs),
     /// Settings files for `palisade serve`.
@@ -198,6 +201,23 @@ pub struct EventsArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("of").required(true).args(["twin", "partition"])))]
+pub struct RefusalsArgs {
+    /// The twin whose refused writes to list.
+    #[arg(long)]
+    pub twin: Option<String>,
+    /// The partition whose refused writes to list (instead of --twin).
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// At most this many, at least 1 (the store caps it at 1024).
+    #[arg(long, env = "PALISADE_LIMIT", default_value_t = 100,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub limit: usize,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Debug, Clone, Args)]
 #[command(group(ArgGroup::new("source").required(true).multiple(true).args(["twin", "partition"])))]
 pub struct TailArgs {
     /// Follow this twin's events.
@@ -247,6 +267,7 @@ impl CliCommand {
             Self::Get(a) => a.conn.json,
             Self::Events(a) => a.conn.json,
             Self::Tail(a) => a.conn.json,
+            Self::Refusals(a) => a.conn.json,
             Self::Partitions(a) => a.conn.json,
             Self::Config(ConfigCommand::Check(a)) => a.json,
             Self::Export(a) => a.conn.json,
@@ -269,6 +290,7 @@ pub async fn run(cmd: CliCommand, top: &ArgMatches) -> ExitCode {
         CliCommand::Get(a) => commands::get(a, m).await,
         CliCommand::Events(a) => commands::events(a).await,
         CliCommand::Tail(a) => tail::tail(a, m).await,
+        CliCommand::Refusals(a) => commands::refusals(a).await,
         CliCommand::Partitions(a) => commands::partitions(a).await,
         CliCommand::Config(ConfigCommand::Check(a)) => config_check::check(&a),
         CliCommand::Export(a) => transfer::export(a).await,

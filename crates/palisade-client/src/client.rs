@@ -8,7 +8,10 @@ use serde::Serialize;
 
 use crate::error::{from_response, ClientError};
 use crate::lease::{Lease, LeaseOptions};
-use crate::types::{Appended, Event, EventsPage, LeaseGrant, Partitions, StoredEvent, TwinState};
+use crate::types::{
+    Appended, Event, EventsPage, LeaseGrant, Partitions, Refusal, RefusalsResponse, StoredEvent,
+    TwinState,
+};
 use crate::watch::{EventStream, WatchFrom, WATCH_IDLE_TIMEOUT};
 
 /// How long establishing a connection may take.
@@ -366,6 +369,39 @@ impl Client {
             .append_pair("limit", &limit.to_string());
         let page: EventsPage = self.send(self.http.get(url)).await?.json().await?;
         Ok(page.events)
+    }
+
+    /// Up to `limit` of the twin's refused writes from the store's durable
+    /// refusal journal, newest first (the server caps `limit` at 1024 and
+    /// refuses 0): stale tokens, tokens never issued or of another scope,
+    /// over HTTP and Kafka. An unknown twin has none.
+    pub async fn twin_refusals(
+        &self,
+        twin: &str,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, ClientError> {
+        self.refusals(&["v1", "twins", twin, "refusals"], limit)
+            .await
+    }
+
+    /// Up to `limit` of partition `partition`'s refused writes, newest
+    /// first, as [`twin_refusals`](Self::twin_refusals).
+    pub async fn partition_refusals(
+        &self,
+        partition: u32,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, ClientError> {
+        let p = partition.to_string();
+        self.refusals(&["v1", "partitions", &p, "refusals"], limit)
+            .await
+    }
+
+    async fn refusals(&self, segments: &[&str], limit: usize) -> Result<Vec<Refusal>, ClientError> {
+        let mut url = self.url(segments)?;
+        url.query_pairs_mut()
+            .append_pair("limit", &limit.to_string());
+        let page: RefusalsResponse = self.send(self.http.get(url)).await?.json().await?;
+        Ok(page.refusals)
     }
 }
 

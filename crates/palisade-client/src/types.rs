@@ -33,4 +33,9 @@ pub use palisade_api::EventOut as StoredEvent;
 /// value differs from (or is missing in) `reported`.
 pub use palisade_api::TwinResponse as TwinState;
 
+/// A refused write from the store's durable refusal journal
+/// (`GET /v1/twins/{id}/refusals`, `GET /v1/partitions/{p}/refusals`).
+pub use palisade_api::RefusalOut as Refusal;
+
 pub(crate) use palisade_api::EventsPage;
+pub(crate) use palisade_api::RefusalsResponse;

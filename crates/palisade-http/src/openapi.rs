@@ -52,6 +52,8 @@ use crate::wire;
         crate::routes::partition_events,
         crate::watch::watch_partition,
         crate::routes::rejections,
+        crate::routes::twin_refusals,
+        crate::routes::partition_refusals,
         crate::routes::dead_letters,
         crate::audit_api::audit,
     ),

@@ -21,8 +21,8 @@ use crate::openapi::EventsIn;
 use crate::wire::{
     hlc_text, lease_out, AppendResponse, ClockDriftError, DeadLetterOut, DeadLettersResponse,
     ErrorBody, ErrorName, EventOut, EventsPage, Health, LeaseGoneError, LeaseHeldError, LeaseIn,
-    LeaseOut, PartitionOut, PartitionsResponse, RejectionOut, RejectionsResponse, StaleTokenError,
-    TokenRefusedError, TwinResponse, VersionMismatchError,
+    LeaseOut, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,
+    RejectionsResponse, StaleTokenError, TokenRefusedError, TwinResponse, VersionMismatchError,
 };
 use crate::HttpConfig;
 
@@ -84,6 +84,11 @@ fn build(
             get(crate::watch::watch_partition),
         )
         .route("/v1/rejections", get(rejections))
+        .route("/v1/twins/{twin_id}/refusals", get(twin_refusals))
+        .route(
+            "/v1/partitions/{partition}/refusals",
+            get(partition_refusals),
+        )
         .route("/v1/dead-letters", get(dead_letters))
         .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .route("/v1/audit", get(crate::audit_api::audit))
@@ -892,6 +897,108 @@ pub(crate) async fn rejections(
         })
         .collect();
     Ok(Json(RejectionsResponse { rejections }))
+}
+
+/// Most refusals listed per request (the journal keeps up to its cap per
+/// partition; older ones are pruned).
+const MAX_REFUSALS_LISTED: usize = 1024;
+
+fn refusal_out(s: &AppState, r: palisade_log::Refusal) -> RefusalOut {
+    use std::fmt::Write as _;
+    let digest = r.digest.iter().fold(String::with_capacity(64), |mut h, b| {
+        let _ = write!(h, "{b:02x}");
+        h
+    });
+    // Looked up when read: the owner is bound durably at grant time, and
+    // the sequencer that journals the refusal does not know it.
+    let principal = s
+        .store
+        .audit()
+        .token_owner(palisade_core::FencingToken(r.token))
+        .ok()
+        .flatten();
+    RefusalOut {
+        at_ms: r.at_ms,
+        digest,
+        event_count: r.event_count,
+        event_ids: r.event_ids,
+        fence: r.fence,
+        holder: r.holder,
+        message: r.detail,
+        offset: r.kafka.map(|k| k.1),
+        partition: r.partition,
+        principal,
+        reason: r.reason,
+        seq: r.seq,
+        source: r.source.name().to_owned(),
+        source_partition: r.kafka.map(|k| k.0),
+        token: r.token,
+        twin_id: r.twin,
+    }
+}
+
+/// A twin's refused writes from the durable refusal journal, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/twins/{twin_id}/refusals",
+    tag = "events",
+    params(TwinPath, LimitQuery),
+    responses(
+        (status = 200, description = "The twin's refused writes, newest first (empty for an unknown twin)", body = RefusalsResponse),
+        (status = 400, description = "`bad_twin_id`, `bad_query`", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn twin_refusals(
+    State(s): State<AppState>,
+    caller: Caller,
+    twin: Result<Path<TwinPath>, PathRejection>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Json<RefusalsResponse>, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
+    let twin = twin_id(twin)?;
+    let resource = call.twin(&twin);
+    call.authorize(Action::Read, &resource)?;
+    let limit = page_limit(query(q)?.limit, 100, MAX_REFUSALS_LISTED)?;
+    let list = s.store.refusals_of_twin_async(&twin, limit).await?;
+    let refusals = list.into_iter().map(|r| refusal_out(&s, r)).collect();
+    Ok(Json(RefusalsResponse { refusals }))
+}
+
+/// A partition's refused writes from the durable refusal journal, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/partitions/{partition}/refusals",
+    tag = "partitions",
+    params(PartitionPath, LimitQuery),
+    responses(
+        (status = 200, description = "The partition's refused writes, newest first", body = RefusalsResponse),
+        (status = 400, description = "`bad_partition`, `bad_query`", body = ErrorBody),
+        (status = 404, description = "`unknown_partition`", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn partition_refusals(
+    State(s): State<AppState>,
+    caller: Caller,
+    p: Result<Path<PartitionPath>, PathRejection>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Json<RefusalsResponse>, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
+    let p = partition(p)?.ok_or_else(|| {
+        ApiError::bad_request(
+            ErrorName::BadPartition,
+            format!("partition must be a number below {}", s.store.partitions()),
+        )
+    })?;
+    call.authorize(Action::Read, &Resource::Partition(PartitionId(p)))?;
+    let limit = page_limit(query(q)?.limit, 100, MAX_REFUSALS_LISTED)?;
+    let list = s
+        .store
+        .refusals_of_partition_async(PartitionId(p), limit)
+        .await?;
+    let refusals = list.into_iter().map(|r| refusal_out(&s, r)).collect();
+    Ok(Json(RefusalsResponse { refusals }))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -10,8 +10,9 @@ use palisade_lease::Lease;
 pub use palisade_api::{
     AppendResponse, AuditOut, AuditResponse, ClockDriftError, DeadLetterOut, DeadLettersResponse,
     ErrorBody, ErrorName, EventIn, EventOut, EventsPage, Health, HealthFailure, LeaseGoneError,
-    LeaseHeldError, LeaseIn, LeaseOut, PartitionOut, PartitionsResponse, RejectionOut,
-    RejectionsResponse, StaleTokenError, TokenRefusedError, TwinResponse, VersionMismatchError,
+    LeaseHeldError, LeaseIn, LeaseOut, PartitionOut, PartitionsResponse, RefusalOut,
+    RefusalsResponse, RejectionOut, RejectionsResponse, StaleTokenError, TokenRefusedError,
+    TwinResponse, VersionMismatchError,
 };
 
 /// A lease as acquire, renew and `GET /v1/partitions` show it.

@@ -45,6 +45,16 @@ const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/partitions/0/watch?after=x",
     ),
     ("get", "/v1/rejections", "/v1/rejections"),
+    (
+        "get",
+        "/v1/twins/{twin_id}/refusals",
+        "/v1/twins/t/refusals",
+    ),
+    (
+        "get",
+        "/v1/partitions/{partition}/refusals",
+        "/v1/partitions/0/refusals",
+    ),
     ("get", "/v1/dead-letters", "/v1/dead-letters"),
     ("get", "/v1/audit", "/v1/audit"),
 ];

@@ -180,6 +180,8 @@ pub(crate) struct Trees {
     pub token_owners: sled::Tree,
     pub cluster: sled::Tree,
     pub ingest: sled::Tree,
+    /// The refusal journal (layout 4, `refusals.rs`).
+    pub refusals: sled::Tree,
 }
 
 impl Trees {
@@ -191,6 +193,7 @@ impl Trees {
             TreeId::TOKEN_OWNERS => Some(&self.token_owners),
             TreeId::CLUSTER => Some(&self.cluster),
             TreeId::INGEST => Some(&self.ingest),
+            TreeId::REFUSALS => Some(&self.refusals),
             TreeId(p) => self.partitions.get(p as usize),
         }
     }
@@ -905,6 +908,7 @@ mod tests {
             token_owners: db.open_tree("owners").unwrap(),
             cluster: db.open_tree("cluster").unwrap(),
             ingest: db.open_tree("ingest").unwrap(),
+            refusals: db.open_tree("refusals").unwrap(),
         };
         (db, t)
     }

@@ -14,10 +14,15 @@ use palisade_core::TwinId;
 /// a record may now be applied to any store partition
 /// (`docs/decisions/0018-ingest-any-partition.md`); a layout-2 store is
 /// migrated on open (`migrate.rs`). Value encodings did not change, so every
-/// value still starts with `codec::FORMAT_VERSION` (1).
-pub const LAYOUT_VERSION: u8 = 3;
-/// The layout this build migrates from on open.
-pub const PREVIOUS_LAYOUT_VERSION: u8 = 2;
+/// value still starts with `codec::FORMAT_VERSION` (1). Layout 4 adds the
+/// `refusals` tree, the durable journal of refused writes
+/// (`docs/decisions/0024-refusal-journal.md`); nothing else changed, so a
+/// layout-3 store is migrated by marking it 4 (the tree starts empty).
+pub const LAYOUT_VERSION: u8 = 4;
+/// The layout before this one, migrated on open by marking it.
+pub const PREVIOUS_LAYOUT_VERSION: u8 = 3;
+/// The oldest layout this build migrates from on open (`migrate.rs`).
+pub const LAYOUT_2: u8 = 2;
 
 /// `0x01 ++ first_seq` -> `EventBatch`: consecutive events of one twin.
 pub(crate) const EVENT: u8 = 0x01;

@@ -60,6 +60,7 @@ mod metrics;
 mod migrate;
 mod read;
 mod records;
+mod refusals;
 mod sources;
 mod store;
 mod wal;
@@ -79,6 +80,7 @@ pub use ingest::{
 pub use leases::LeaseBackend;
 pub use metrics::Metrics;
 pub use read::{AsOf, PartitionInfo, TwinView};
+pub use refusals::{payload_digest, Refusal, RefusalSource, DEFAULT_REFUSALS_PER_PARTITION};
 pub use store::{Store, StoreConfig, DEFAULT_PARTITIONS, MAX_PARTITIONS};
 pub use wal::{WalDamage, WalError};
 pub use writer::Appended;

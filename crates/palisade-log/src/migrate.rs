@@ -71,7 +71,8 @@ fn legacy_keys(tree: &sled::Tree, path: &Path) -> Result<Legacy, OpenError> {
     Ok((offset, dead))
 }
 
-/// Migrate a layout-2 store to layout 3 (see the module doc). Returns how
+/// Migrate a layout-2 store to layout 3 (see the module doc), and so to
+/// layout 4: its `refusals` tree is simply empty. Returns how
 /// many keys were moved.
 pub(crate) fn from_layout_2(
     db: &sled::Db,
@@ -108,9 +109,29 @@ pub(crate) fn from_layout_2(
     info!(
         path = %path.display(),
         moved,
-        "migrated the store from layout 2 to layout 3 (Kafka offsets and dead letters by source partition)"
+        "migrated the store from layout 2 to layout 4 (Kafka offsets and dead letters by source partition; an empty refusal journal)"
     );
     Ok(moved)
+}
+
+/// Layout 3 -> 4: the `refusals` tree is new and starts empty, so the
+/// store only needs marking. Old keys of layout 2 are swept first, as on
+/// every open. A crash before the mark is durable leaves layout 3, which
+/// the next open marks again.
+pub(crate) fn from_layout_3(
+    db: &sled::Db,
+    path: &Path,
+    trees: &Trees,
+    format_key: &[u8],
+) -> Result<(), OpenError> {
+    sweep(trees, path)?;
+    trees
+        .meta
+        .insert(format_key, &[keys::LAYOUT_VERSION][..])
+        .map_err(sled_err(path))?;
+    durable(db, path)?;
+    info!(path = %path.display(), "migrated the store from layout 3 to layout 4 (refusal journal)");
+    Ok(())
 }
 
 /// Remove layout-2 keys whose copies are in the `ingest` tree.

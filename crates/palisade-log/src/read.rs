@@ -75,7 +75,7 @@ fn get_decoded<T: bincode::Decode<()>>(
 
 /// Run a read on tokio's blocking pool: a sled read may wait for the disk,
 /// which on an async worker would stall every connection it serves.
-async fn off_worker<T: Send + 'static>(
+pub(crate) async fn off_worker<T: Send + 'static>(
     read: impl FnOnce() -> Result<T, ReadError> + Send + 'static,
 ) -> Result<T, ReadError> {
     match tokio::task::spawn_blocking(read).await {

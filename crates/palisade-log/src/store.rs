@@ -14,6 +14,7 @@ use crate::commit::{CommitConfig, CommitHooks, CommitShared, Committer, Health, 
 use crate::error::{AppendError, OpenError};
 use crate::ingest::{DeadLetter, IngestOutcome, IngestRecord, Rejection, RejectionLog, Source};
 use crate::leases::LeaseBackend;
+use crate::refusals::{Refusal, RefusalJournal, RefusalSource};
 use crate::sources::Sources;
 use crate::wal::Wal;
 use crate::writer::{AppendReq, Command, Partition, Sequencer, Shared};
@@ -55,6 +56,9 @@ pub struct StoreConfig {
     /// against the backend the store's tokens came from (recorded in its
     /// meta tree), so a store never mixes two authorities' token numbers.
     pub leases: LeaseBackend,
+    /// Refused writes kept per partition in the refusal journal; the oldest
+    /// are pruned past this (at least 1).
+    pub refusals_per_partition: u64,
 }
 
 impl Default for StoreConfig {
@@ -71,6 +75,7 @@ impl Default for StoreConfig {
             hooks: None,
             lease_clock: Arc::new(crate::SystemClock::new()),
             leases: LeaseBackend::Embedded,
+            refusals_per_partition: crate::refusals::DEFAULT_REFUSALS_PER_PARTITION,
         }
     }
 }
@@ -100,6 +105,8 @@ pub struct Store {
     clock: Arc<Clock>,
     metrics: Arc<Metrics>,
     rejections: Arc<RejectionLog>,
+    /// The durable journal of refused writes (`refusals.rs`).
+    refusals: Arc<RefusalJournal>,
     /// Lease and refusal audit trail and token owners (`audit.rs`).
     audit: crate::AuditLog,
     path: PathBuf,
@@ -108,6 +115,8 @@ pub struct Store {
 const FORMAT_KEY: &[u8] = b"format";
 /// Tree of everything kept per Kafka source partition (layout 3).
 const INGEST_TREE: &str = "ingest";
+/// The refusal journal (layout 4, `refusals.rs`).
+const REFUSALS_TREE: &str = "refusals";
 const PARTITIONS_KEY: &[u8] = b"partitions";
 /// The write-ahead log's folder inside the data folder.
 pub(crate) const WAL_DIR: &str = "wal";
@@ -149,6 +158,7 @@ impl Store {
                 let found = f.first().copied().unwrap_or(0);
                 if found != crate::keys::LAYOUT_VERSION
                     && found != crate::keys::PREVIOUS_LAYOUT_VERSION
+                    && found != crate::keys::LAYOUT_2
                 {
                     return Err(OpenError::Format {
                         path: shown,
@@ -209,12 +219,15 @@ impl Store {
                 .open_tree(crate::cluster::CLUSTER_TREE)
                 .map_err(sled_err)?,
             ingest: db.open_tree(INGEST_TREE).map_err(sled_err)?,
+            refusals: db.open_tree(REFUSALS_TREE).map_err(sled_err)?,
         };
         let wal_dir = path.join(WAL_DIR);
         // The log of a layout-2 store holds layout-2 ops: replay it first.
         let (next_round, _replayed) = crate::commit::recover(&db, path, &wal_dir, &trees)?;
-        if found_layout == crate::keys::PREVIOUS_LAYOUT_VERSION {
+        if found_layout == crate::keys::LAYOUT_2 {
             crate::migrate::from_layout_2(&db, path, &trees, FORMAT_KEY)?;
+        } else if found_layout == crate::keys::PREVIOUS_LAYOUT_VERSION {
+            crate::migrate::from_layout_3(&db, path, &trees, FORMAT_KEY)?;
         } else {
             crate::migrate::sweep(&trees, path)?;
         }
@@ -235,6 +248,14 @@ impl Store {
         let clock = Arc::new(Clock::new(config.max_drift));
         let metrics = Arc::new(Metrics::default());
         let rejections = Arc::new(RejectionLog::default());
+        let refusals = Arc::new(
+            RefusalJournal::open(
+                trees.refusals.clone(),
+                partitions,
+                config.refusals_per_partition,
+            )
+            .map_err(sled_err)?,
+        );
         let commit = Arc::new(CommitShared {
             health: Arc::new(Health::default()),
             metrics: metrics.clone(),
@@ -245,6 +266,7 @@ impl Store {
             clock: clock.clone(),
             metrics: metrics.clone(),
             rejections: rejections.clone(),
+            refusals: refusals.clone(),
             snapshot_every: config.snapshot_every.max(1),
             commit: commit.clone(),
             last_token: last_token.clone(),
@@ -305,6 +327,7 @@ impl Store {
             clock,
             metrics,
             rejections,
+            refusals,
             audit,
             path: path.to_owned(),
         })
@@ -383,6 +406,10 @@ impl Store {
         // Named in the rejection log if the token turns out not to be
         // issued for this partition (refined below, after the reply).
         let event_ids: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
+        // The refusal journal's digest, taken before the events move into
+        // the request (only needed if the token is refined below).
+        let digest = crate::refusals::payload_digest(&events);
+        let event_count = events.len();
         let (reply, rx) = oneshot::channel();
         let started = Instant::now();
         self.send(Command::Append {
@@ -415,6 +442,20 @@ impl Store {
                     None => AppendError::NotIssued { token },
                 };
                 self.metrics.rejected(e.reason());
+                let mut entry = Refusal::new(
+                    p,
+                    &twin_for_error,
+                    RefusalSource::Http,
+                    None,
+                    token,
+                    &e,
+                    None,
+                    &[],
+                );
+                entry.event_ids = event_ids.iter().take(64).cloned().collect();
+                entry.event_count = u32::try_from(event_count).unwrap_or(u32::MAX);
+                entry.digest = digest;
+                self.journal_durably(entry).await;
                 self.rejections.push(Rejection {
                     at_ms: crate::ingest::now_ms(),
                     source: "http",
@@ -562,6 +603,75 @@ impl Store {
     /// Recent refused writes (HTTP and stream), newest first.
     pub fn rejections(&self, limit: usize) -> Vec<Rejection> {
         self.rejections.recent(limit)
+    }
+
+    /// Stage a refusal journal entry in the next round and wait until it is
+    /// durable (the refusal is answered after it). A storage failure is
+    /// logged, not returned: the refusal stands either way.
+    async fn journal_durably(&self, entry: Refusal) {
+        let (reply, rx) = oneshot::channel();
+        let writes = self.refusals.stage(entry);
+        if self
+            .send(Command::Write {
+                writes,
+                reply: Some(reply),
+            })
+            .is_err()
+        {
+            tracing::warn!("refusal journal entry lost: the store is shutting down");
+            return;
+        }
+        if let Ok(Err(f)) = rx.await {
+            tracing::warn!(error = %f, "refusal journal entry not durable");
+        }
+    }
+
+    /// The newest refused writes of `twin` in the durable refusal journal,
+    /// newest first (at most `limit`; at most the partition's cap exist).
+    /// Entries whose round is not yet durable are not listed.
+    pub fn refusals_of_twin(
+        &self,
+        twin: &TwinId,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, crate::ReadError> {
+        let p = self.partition_of(twin);
+        self.refusals.list(p.0, Some(twin), limit)
+    }
+
+    /// [`Store::refusals_of_twin`] on tokio's blocking pool (a scan of up
+    /// to the partition's cap).
+    pub async fn refusals_of_twin_async(
+        self: &Arc<Self>,
+        twin: &TwinId,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, crate::ReadError> {
+        let (store, twin) = (self.clone(), twin.clone());
+        crate::read::off_worker(move || store.refusals_of_twin(&twin, limit)).await
+    }
+
+    /// [`Store::refusals_of_partition`] on tokio's blocking pool.
+    pub async fn refusals_of_partition_async(
+        self: &Arc<Self>,
+        p: PartitionId,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, crate::ReadError> {
+        let store = self.clone();
+        crate::read::off_worker(move || store.refusals_of_partition(p, limit)).await
+    }
+
+    /// The newest refused writes of partition `p`, newest first.
+    pub fn refusals_of_partition(
+        &self,
+        p: PartitionId,
+        limit: usize,
+    ) -> Result<Vec<Refusal>, crate::ReadError> {
+        if p.0 >= self.partitions {
+            return Err(crate::ReadError::UnknownPartition {
+                partition: p.0,
+                partitions: self.partitions,
+            });
+        }
+        self.refusals.list(p.0, None, limit)
     }
 
     /// Stop the sequencer after it decides what is queued, let the committer

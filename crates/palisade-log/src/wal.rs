@@ -62,6 +62,8 @@ impl TreeId {
     pub const CLUSTER: TreeId = TreeId(0xFFFF_0004);
     /// Kafka sources: offsets, dead letters, forward chains (layout 3).
     pub const INGEST: TreeId = TreeId(0xFFFF_0005);
+    /// The refusal journal (layout 4, `refusals.rs`).
+    pub const REFUSALS: TreeId = TreeId(0xFFFF_0006);
 
     pub fn partition(p: u32) -> TreeId {
         TreeId(p)

@@ -41,6 +41,7 @@ use crate::ingest::{
 };
 use crate::keys;
 use crate::records::{PartitionMeta, Snapshot, TokenGrant, TwinRecord};
+use crate::refusals::{Refusal, RefusalSource};
 use crate::sources::{RelayCheck, Sources};
 use crate::wal::{Ops, TreeId};
 use crate::Metrics;
@@ -166,6 +167,9 @@ pub(crate) struct Shared {
     pub clock: Arc<Clock>,
     pub metrics: Arc<Metrics>,
     pub rejections: Arc<RejectionLog>,
+    /// The durable refusal journal: refused appends are staged in it, in
+    /// the round that refuses them.
+    pub refusals: Arc<crate::refusals::RefusalJournal>,
     pub snapshot_every: u64,
     pub commit: Arc<CommitShared>,
     /// The greatest token this store has durably registered.
@@ -987,6 +991,28 @@ impl Partition {
             }
             self.shared.metrics.rejected(e.reason());
             if !matches!(e, AppendError::Storage(_) | AppendError::Closed) {
+                let source = if kafka.is_some() {
+                    RefusalSource::Kafka
+                } else {
+                    RefusalSource::Http
+                };
+                let holder = self.grants.get(&cmd.token.0).map(|g| g.holder.as_str());
+                let entry = Refusal::new(
+                    self.id,
+                    &cmd.twin,
+                    source,
+                    kafka,
+                    cmd.token,
+                    e,
+                    holder,
+                    &cmd.events,
+                );
+                for w in self.shared.refusals.stage(entry) {
+                    match w.value {
+                        Some(v) => ops.put(w.tree, &w.key, &v),
+                        None => ops.remove(w.tree, &w.key),
+                    }
+                }
                 self.shared.rejections.push(Rejection {
                     at_ms: now_ms(),
                     source: if kafka.is_some() { "kafka" } else { "http" },

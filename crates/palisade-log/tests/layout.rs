@@ -291,7 +291,7 @@ fn a_layout_1_store_is_refused_at_open() {
         Err(
             e @ OpenError::Format {
                 found: 1,
-                supported: 3,
+                supported: 4,
                 ..
             },
         ) => {
@@ -329,4 +329,54 @@ async fn a_held_folder_is_waited_for_then_refused_as_in_use() {
     let store = Store::open(dir.path(), cfg()).expect("the released lock is waited for");
     release.join().unwrap();
     store.close().await;
+}
+
+/// Layout 3 -> 4 (docs/decisions/0024-refusal-journal.md): a store a
+/// layout-3 build left (no `refusals` tree, `meta/format` 3) opens, keeps
+/// its events, is marked 4, and journals refusals from then on.
+#[tokio::test]
+async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let twin = TwinId::new("pump-3").unwrap();
+    let token = {
+        let store = Store::open(dir.path(), cfg()).unwrap();
+        let lease = store
+            .acquire(AcquireRequest {
+                scope: Scope::Twin(twin.clone()),
+                holder: "old".into(),
+                ttl_ms: 60_000,
+            })
+            .await
+            .unwrap();
+        store
+            .append(twin.clone(), lease.token, vec![ev("before", 1)], None)
+            .await
+            .unwrap();
+        store.close().await;
+        lease.token
+    };
+    {
+        // What a layout-3 build left: no refusals tree, format 3.
+        let db = sled::open(dir.path()).unwrap();
+        db.drop_tree("refusals").unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .insert("format", &[3u8][..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let store = Store::open(dir.path(), cfg()).unwrap();
+        assert_eq!(store.twin_events(&twin, 0, 10).unwrap().len(), 1);
+        assert!(store.refusals_of_twin(&twin, 10).unwrap().is_empty());
+        let r = store
+            .append(twin.clone(), token, vec![ev("late", 2)], Some(99))
+            .await;
+        assert!(r.is_err());
+        assert_eq!(store.refusals_of_twin(&twin, 10).unwrap().len(), 1);
+        store.close().await;
+    }
+    let db = sled::open(dir.path()).unwrap();
+    let format = db.open_tree("meta").unwrap().get("format").unwrap();
+    assert_eq!(format.as_deref(), Some(&[4u8][..]));
 }

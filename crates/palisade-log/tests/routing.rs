@@ -488,7 +488,8 @@ async fn a_layout_2_store_is_migrated_and_its_consumer_resumes() {
     store.close().await;
     drop(store);
 
-    // Layout 3 on disk now, the old keys gone.
+    // This build's layout on disk now (4: layout 2 goes straight there,
+    // decision 0024), the old keys gone.
     {
         let db = sled::open(dir.path()).unwrap();
         assert_eq!(
@@ -498,7 +499,7 @@ async fn a_layout_2_store_is_migrated_and_its_consumer_resumes() {
                 .unwrap()
                 .unwrap()
                 .as_ref(),
-            [3]
+            [4]
         );
         for p in 0..PARTITIONS {
             let tree = db.open_tree(format!("partition/{p:05}")).unwrap();
