@@ -79,8 +79,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             r
         })
     });
+    // Installed here, before the ready line below: a SIGTERM sent as soon
+    // as that line is read must stop the server cleanly, not kill it (the
+    // signal's default action) because a task had not yet registered.
+    let signal = shutdown_signal();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signal.await;
         let _ = stop_tx.send(true);
     });
     let mut http = config.http_config();
@@ -124,24 +128,32 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     ingest_result.context("kafka ingestion failed")
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or Ctrl-C (SIGINT). The handlers are installed when
+/// this is called, not when the future is first polled: from then on the
+/// signals no longer end the process by their default action.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, Signal, SignalKind};
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        let wait = |s: Option<Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        async move {
+            tokio::select! {
+                () = wait(term) => {},
+                () = wait(int) => {},
+            }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
