@@ -258,6 +258,20 @@ pub(crate) fn partition(
     Ok(path(p, ErrorName::BadPartition)?.partition.parse().ok())
 }
 
+/// A `{partition}` path segment that must be a number (`400 bad_partition`
+/// otherwise; a number past the store's count is the store's 404).
+fn partition_number(
+    s: &AppState,
+    p: Result<Path<PartitionPath>, PathRejection>,
+) -> Result<u32, ApiError> {
+    partition(p)?.ok_or_else(|| {
+        ApiError::bad_request(
+            ErrorName::BadPartition,
+            format!("partition must be a number below {}", s.store.partitions()),
+        )
+    })
+}
+
 fn lease_id(p: Result<Path<LeasePath>, PathRejection>) -> Result<LeaseId, ApiError> {
     path(p, ErrorName::BadLeaseId)?
         .lease_id
@@ -800,12 +814,7 @@ pub(crate) async fn partition_events(
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<EventsPage>, ApiError> {
     let mut call = caller.admit(AuditAction::Read)?;
-    let p = partition(p)?.ok_or_else(|| {
-        ApiError::bad_request(
-            ErrorName::BadPartition,
-            format!("partition must be a number below {}", s.store.partitions()),
-        )
-    })?;
+    let p = partition_number(&s, p)?;
     call.authorize(Action::Read, &Resource::Partition(PartitionId(p)))?;
     let q = query(q)?;
     let limit = page_limit(q.limit, 100, s.config.max_page)?;
@@ -985,12 +994,7 @@ pub(crate) async fn partition_refusals(
     q: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Json<RefusalsResponse>, ApiError> {
     let mut call = caller.admit(AuditAction::Read)?;
-    let p = partition(p)?.ok_or_else(|| {
-        ApiError::bad_request(
-            ErrorName::BadPartition,
-            format!("partition must be a number below {}", s.store.partitions()),
-        )
-    })?;
+    let p = partition_number(&s, p)?;
     call.authorize(Action::Read, &Resource::Partition(PartitionId(p)))?;
     let limit = page_limit(query(q)?.limit, 100, MAX_REFUSALS_LISTED)?;
     let list = s
