@@ -4,6 +4,8 @@
 //! index per batch, the bounded in-memory dedupe window across restarts,
 //! batched ingestion, and a layout-1 store refused at open.
 
+mod support;
+
 use std::sync::Arc;
 
 use palisade_core::{FencingToken, NewEvent, PartitionId, Scope, TwinId};
@@ -281,7 +283,7 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
 fn a_layout_1_store_is_refused_at_open() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = support::sled_open(dir.path());
         let meta = db.open_tree("meta").unwrap();
         meta.insert("format", &[1u8][..]).unwrap();
         meta.insert("partitions", &1u32.to_be_bytes()[..]).unwrap();
@@ -321,7 +323,7 @@ async fn a_held_folder_is_waited_for_then_refused_as_in_use() {
     drop(store);
 
     // Held by a raw sled handle released 300 ms later, on another thread.
-    let holder = sled::open(dir.path()).unwrap();
+    let holder = support::sled_open(dir.path());
     let release = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(300));
         drop(holder);
@@ -357,7 +359,7 @@ async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
     };
     {
         // What a layout-3 build left: no refusals tree, format 3.
-        let db = sled::open(dir.path()).unwrap();
+        let db = support::sled_open(dir.path());
         db.drop_tree("refusals").unwrap();
         db.open_tree("meta")
             .unwrap()
@@ -376,7 +378,7 @@ async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
         assert_eq!(store.refusals_of_twin(&twin, 10).unwrap().len(), 1);
         store.close().await;
     }
-    let db = sled::open(dir.path()).unwrap();
+    let db = support::sled_open(dir.path());
     let format = db.open_tree("meta").unwrap().get("format").unwrap();
     assert_eq!(format.as_deref(), Some(&[4u8][..]));
 }

@@ -16,6 +16,8 @@
 //! - a layout-2 store (offsets and dead letters per partition tree) is
 //!   migrated on open and its consumer resumes where it stopped.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -417,7 +419,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// A layout-2 store: Kafka partition p's offset and dead letters in
 /// partition tree p (keys `0x08`, `0x09 ++ offset`), `meta/format` 2.
 fn make_layout_2(dir: &Path, offsets: &[(u32, u64)], dead: &[(u32, u64)]) {
-    let db = sled::open(dir).unwrap();
+    let db = support::sled_open(dir);
     db.open_tree("meta")
         .unwrap()
         .insert("format", &[2u8][..])
@@ -491,7 +493,7 @@ async fn a_layout_2_store_is_migrated_and_its_consumer_resumes() {
     // This build's layout on disk now (4: layout 2 goes straight there,
     // decision 0024), the old keys gone.
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = support::sled_open(dir.path());
         assert_eq!(
             db.open_tree("meta")
                 .unwrap()
