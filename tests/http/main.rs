@@ -30,6 +30,9 @@ mod shadow;
 #[path = "07_durable.rs"]
 mod durable;
 
+#[path = "08_ttl_advice.rs"]
+mod ttl_advice;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

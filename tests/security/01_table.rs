@@ -253,6 +253,21 @@ async fn every_principal_can_do_what_its_roles_grant_and_nothing_else() {
         401,
         "unauthenticated"
     );
+    // TTL advice (decision 0026): whoever may lease the scope.
+    row!(
+        "worker-a advice twin/device-1",
+        s.get("worker-a", "/v1/leases/advice?scope=twin/device-1")
+            .await,
+        200,
+        ""
+    );
+    row!(
+        "worker-a advice twin/pump",
+        s.get("worker-a", &format!("/v1/leases/advice?scope={pump_scope}"))
+            .await,
+        403,
+        "forbidden"
+    );
 
     // Admin data: `read` or `admin` on admin/<name>; the audit log: `admin`.
     for path in [

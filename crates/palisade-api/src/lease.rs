@@ -56,3 +56,53 @@ pub struct LeaseOut {
     // would add a description to the OpenAPI document.
     pub expires_in_ms: u64,
 }
+
+/// p50, tail and maximum of a set of measurements, in milliseconds. The
+/// tail is the p99 from 100 samples on, the maximum below.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TailsOut {
+    pub p50_ms: f64,
+    pub tail_ms: f64,
+    pub max_ms: f64,
+}
+
+/// `GET /v1/leases/advice`: the TTL a scope's measured renewal gaps call
+/// for (docs/decisions/0026-ttl-advice.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LeaseAdviceOut {
+    pub scope: String,
+    /// The holder the samples were narrowed to; absent = every holder of the scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Renewal gaps measured since the store started (newest 512 per holder).
+    pub gaps: u64,
+    /// Time between a lease's consecutive grant or renewal and its next renewal.
+    pub renewal_gap: TailsOut,
+    /// Time the store took to answer grants and renewals.
+    pub answer_latency: TailsOut,
+    /// `renewal_gap.tail_ms - renewal_gap.p50_ms`: what pauses added.
+    pub pause_tail_ms: f64,
+    /// `3 * (pause_tail_ms + answer_latency.tail_ms)`, rounded up to 100 ms,
+    /// at least 1000; null until 20 gaps were measured.
+    pub recommended_ttl_ms: Option<u64>,
+    /// A third of the recommended TTL (the SDK's default renewal period).
+    pub recommended_renew_every_ms: Option<u64>,
+    /// Renewals that arrived after their lease had expired.
+    pub late_renewals: u64,
+    /// The live lease on the scope, if any, and whether its TTL is below the recommendation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<AdvisedLeaseOut>,
+}
+
+/// The live lease a [`LeaseAdviceOut`] was computed for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AdvisedLeaseOut {
+    pub holder: String,
+    pub ttl_ms: u64,
+    /// `ttl_ms` is below `recommended_ttl_ms`: a pause as long as the
+    /// measured tail may expire this lease while its holder is healthy.
+    pub ttl_below_recommended: bool,
+}

@@ -33,7 +33,7 @@ pub use error::{
     TokenRefusedError, VersionMismatchError,
 };
 pub use event::{AppendResponse, EventIn, EventOut, EventsPage};
-pub use lease::{LeaseIn, LeaseOut};
+pub use lease::{AdvisedLeaseOut, LeaseAdviceOut, LeaseIn, LeaseOut, TailsOut};
 pub use read::{
     AuditOut, AuditResponse, DeadLetterOut, DeadLettersResponse, Health, HealthFailure,
     PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,

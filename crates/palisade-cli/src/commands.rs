@@ -13,7 +13,7 @@ use reqwest::Url;
 use serde_json::{json, Value};
 
 use super::{out, pick, AcquireArgs, AppendArgs, Conn, EventsArgs, Failure, GetArgs};
-use super::{LeaseIdArgs, PartitionsArgs, Pick, RefusalsArgs, Table};
+use super::{AdviceArgs, LeaseIdArgs, PartitionsArgs, Pick, RefusalsArgs, Table};
 
 /// The SDK client and a plain HTTP client sharing its connection pool.
 pub(crate) struct Session {
@@ -113,6 +113,51 @@ pub(crate) async fn release(a: LeaseIdArgs) -> Result<(), Failure> {
         return json_line(&json!({ "released": a.lease_id }));
     }
     out(format!("released lease {}", a.lease_id))
+}
+
+pub(crate) async fn advice(a: AdviceArgs) -> Result<(), Failure> {
+    let s = Session::new(&a.conn)?;
+    let advice = s
+        .client
+        .lease_advice(&a.scope, a.holder.as_deref())
+        .await
+        .map_err(|e| s.fail(e))?;
+    if a.conn.json {
+        return json_line(&advice);
+    }
+    let who = a.holder.as_deref().unwrap_or("every holder");
+    let mut lines = vec![format!(
+        "{} ({who}): {} renewal gaps, p50 {:.0} ms, tail {:.0} ms, max {:.0} ms; answer tail {:.1} ms; {} late renewals",
+        advice.scope,
+        advice.gaps,
+        advice.renewal_gap.p50_ms,
+        advice.renewal_gap.tail_ms,
+        advice.renewal_gap.max_ms,
+        advice.answer_latency.tail_ms,
+        advice.late_renewals,
+    )];
+    lines.push(
+        match (advice.recommended_ttl_ms, advice.recommended_renew_every_ms) {
+            (Some(ttl), Some(every)) => format!(
+                "recommended ttl {ttl} ms, renew every {every} ms (pause tail {:.0} ms)",
+                advice.pause_tail_ms
+            ),
+            _ => "no recommendation yet: too few renewal gaps measured".to_owned(),
+        },
+    );
+    if let Some(c) = &advice.current {
+        lines.push(format!(
+            "live lease: holder {} ttl {} ms{}",
+            c.holder,
+            c.ttl_ms,
+            if c.ttl_below_recommended {
+                "  BELOW the recommendation"
+            } else {
+                ""
+            }
+        ));
+    }
+    out(lines.join("\n"))
 }
 
 /// The fields of one event in an append body (as `docs/http-api.md`).

@@ -103,6 +103,21 @@ pub enum LeaseCommand {
     Renew(LeaseIdArgs),
     /// Release a lease so the scope can be granted at once.
     Release(LeaseIdArgs),
+    /// The TTL the store recommends for a scope, from the renewal gaps and
+    /// answer latencies it measured (docs/decisions/0026-ttl-advice.md).
+    Advice(AdviceArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AdviceArgs {
+    /// `twin/<id>` or `partition/<p>`.
+    #[arg(long, env = "PALISADE_SCOPE")]
+    pub scope: String,
+    /// Only this holder's renewals (default: every holder's on the scope).
+    #[arg(long)]
+    pub holder: Option<String>,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -262,6 +277,7 @@ impl CliCommand {
     fn json(&self) -> bool {
         match self {
             Self::Lease(LeaseCommand::Acquire(a)) => a.conn.json,
+            Self::Lease(LeaseCommand::Advice(a)) => a.conn.json,
             Self::Lease(LeaseCommand::Renew(a) | LeaseCommand::Release(a)) => a.conn.json,
             Self::Append(a) => a.conn.json,
             Self::Get(a) => a.conn.json,
@@ -286,6 +302,7 @@ pub async fn run(cmd: CliCommand, top: &ArgMatches) -> ExitCode {
         CliCommand::Lease(LeaseCommand::Acquire(a)) => commands::acquire(a).await,
         CliCommand::Lease(LeaseCommand::Renew(a)) => commands::renew(a).await,
         CliCommand::Lease(LeaseCommand::Release(a)) => commands::release(a).await,
+        CliCommand::Lease(LeaseCommand::Advice(a)) => commands::advice(a).await,
         CliCommand::Append(a) => commands::append(a, m).await,
         CliCommand::Get(a) => commands::get(a, m).await,
         CliCommand::Events(a) => commands::events(a).await,

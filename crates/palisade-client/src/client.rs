@@ -9,8 +9,8 @@ use serde::Serialize;
 use crate::error::{from_response, ClientError};
 use crate::lease::{Lease, LeaseOptions};
 use crate::types::{
-    Appended, Event, EventsPage, LeaseGrant, Partitions, Refusal, RefusalsResponse, StoredEvent,
-    TwinState,
+    Appended, Event, EventsPage, LeaseAdvice, LeaseGrant, Partitions, Refusal, RefusalsResponse,
+    StoredEvent, TwinState,
 };
 use crate::watch::{EventStream, WatchFrom, WATCH_IDLE_TIMEOUT};
 
@@ -402,6 +402,41 @@ impl Client {
             .append_pair("limit", &limit.to_string());
         let page: RefusalsResponse = self.send(self.http.get(url)).await?.json().await?;
         Ok(page.refusals)
+    }
+
+    /// The TTL the store recommends for `scope` from the renewal gaps and
+    /// answer latencies it measured (every holder's, or only `holder`'s):
+    /// `recommended_ttl_ms` is `None` until it has seen 20 renewal gaps.
+    /// See [`Client::lease_with_advice`] and docs/decisions/0026-ttl-advice.md.
+    pub async fn lease_advice(
+        &self,
+        scope: &str,
+        holder: Option<&str>,
+    ) -> Result<LeaseAdvice, ClientError> {
+        let mut url = self.url(&["v1", "leases", "advice"])?;
+        url.query_pairs_mut().append_pair("scope", scope);
+        if let Some(h) = holder {
+            url.query_pairs_mut().append_pair("holder", h);
+        }
+        Ok(self.send(self.http.get(url)).await?.json().await?)
+    }
+
+    /// [`Client::lease`] with the TTL the store recommends for `scope`
+    /// ([`Client::lease_advice`]), or `fallback` while it has no
+    /// recommendation yet. The renewal period stays a third of the TTL
+    /// unless `opts` says otherwise.
+    pub async fn lease_with_advice(
+        &self,
+        scope: &str,
+        holder: &str,
+        fallback: Duration,
+        opts: LeaseOptions,
+    ) -> Result<Lease, ClientError> {
+        let advice = self.lease_advice(scope, None).await?;
+        let ttl = advice
+            .recommended_ttl_ms
+            .map_or(fallback, Duration::from_millis);
+        self.lease(scope, holder, ttl, opts).await
     }
 }
 

@@ -16,6 +16,10 @@ pub use palisade_api::AppendResponse as Appended;
 /// A lease as granted (or renewed) by `POST /v1/leases`.
 pub use palisade_api::LeaseOut as LeaseGrant;
 
+/// `GET /v1/leases/advice`: a scope's measured renewal tails and the TTL
+/// they call for.
+pub use palisade_api::LeaseAdviceOut as LeaseAdvice;
+
 /// The live lease on a partition, as `GET /v1/partitions` shows it.
 pub use palisade_api::LeaseOut as PartitionOwner;
 

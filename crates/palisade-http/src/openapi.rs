@@ -44,6 +44,7 @@ use crate::wire;
         crate::routes::acquire,
         crate::routes::renew,
         crate::routes::release,
+        crate::routes::lease_advice,
         crate::routes::get_twin,
         crate::routes::append,
         crate::routes::twin_events,

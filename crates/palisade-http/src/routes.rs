@@ -19,10 +19,11 @@ use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::openapi::EventsIn;
 use crate::wire::{
-    hlc_text, lease_out, AppendResponse, ClockDriftError, DeadLetterOut, DeadLettersResponse,
-    ErrorBody, ErrorName, EventOut, EventsPage, Health, LeaseGoneError, LeaseHeldError, LeaseIn,
-    LeaseOut, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,
-    RejectionsResponse, StaleTokenError, TokenRefusedError, TwinResponse, VersionMismatchError,
+    advice_out, hlc_text, lease_out, AppendResponse, ClockDriftError, DeadLetterOut,
+    DeadLettersResponse, ErrorBody, ErrorName, EventOut, EventsPage, Health, LeaseAdviceOut,
+    LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut, PartitionOut, PartitionsResponse,
+    RefusalOut, RefusalsResponse, RejectionOut, RejectionsResponse, StaleTokenError,
+    TokenRefusedError, TwinResponse, VersionMismatchError,
 };
 use crate::HttpConfig;
 
@@ -72,6 +73,7 @@ fn build(
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/leases", post(acquire))
+        .route("/v1/leases/advice", get(lease_advice))
         .route("/v1/leases/{lease_id}/renew", post(renew))
         .route("/v1/leases/{lease_id}", axum::routing::delete(release))
         .route("/v1/twins/{twin_id}", get(get_twin))
@@ -856,6 +858,54 @@ pub(crate) async fn partitions(
         last_token: s.store.last_token().0,
         partitions,
     }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct AdviceQuery {
+    /// `partition/<p>` or `twin/<id>`.
+    scope: String,
+    /// Only this holder's renewals (default: every holder's on the scope).
+    holder: Option<String>,
+}
+
+/// The TTL a scope's measured renewal gaps call for: gaps between a lease's
+/// renewals and the store's answer latency, per scope and holder, since the
+/// store started (docs/decisions/0026-ttl-advice.md).
+#[utoipa::path(
+    get,
+    path = "/v1/leases/advice",
+    tag = "leases",
+    params(AdviceQuery),
+    responses(
+        (status = 200, description = "The measured tails and the recommended TTL (null until 20 renewal gaps were measured)", body = LeaseAdviceOut),
+        (status = 400, description = "`bad_scope`, `bad_query`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn lease_advice(
+    State(s): State<AppState>,
+    caller: Caller,
+    q: Result<Query<AdviceQuery>, QueryRejection>,
+) -> Result<Json<LeaseAdviceOut>, ApiError> {
+    let mut call = caller.admit(AuditAction::Read)?;
+    let q = query(q)?;
+    let scope = q.scope.parse::<Scope>().map_err(|_| {
+        ApiError::bad_request(
+            ErrorName::BadScope,
+            "scope must be partition/<p> or twin/<id>",
+        )
+    })?;
+    // Whoever may lease the scope may see how its leases fare.
+    call.authorize(Action::Lease, &Resource::Lease(scope.clone()))?;
+    let advice = s.store.lease_advice(&scope, q.holder.as_deref());
+    let current = s.store.lease_holder(&scope);
+    Ok(Json(advice_out(
+        scope.to_string(),
+        q.holder,
+        &advice,
+        current.as_ref(),
+    )))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -5,14 +5,14 @@
 //! not depend on.
 
 use palisade_core::Hlc;
-use palisade_lease::Lease;
+use palisade_lease::{Advice, Lease, Tails};
 
 pub use palisade_api::{
-    AppendResponse, AuditOut, AuditResponse, ClockDriftError, DeadLetterOut, DeadLettersResponse,
-    ErrorBody, ErrorName, EventIn, EventOut, EventsPage, Health, HealthFailure, LeaseGoneError,
-    LeaseHeldError, LeaseIn, LeaseOut, PartitionOut, PartitionsResponse, RefusalOut,
-    RefusalsResponse, RejectionOut, RejectionsResponse, StaleTokenError, TokenRefusedError,
-    TwinResponse, VersionMismatchError,
+    AdvisedLeaseOut, AppendResponse, AuditOut, AuditResponse, ClockDriftError, DeadLetterOut,
+    DeadLettersResponse, ErrorBody, ErrorName, EventIn, EventOut, EventsPage, Health,
+    HealthFailure, LeaseAdviceOut, LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut, PartitionOut,
+    PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut, RejectionsResponse,
+    StaleTokenError, TailsOut, TokenRefusedError, TwinResponse, VersionMismatchError,
 };
 
 /// A lease as acquire, renew and `GET /v1/partitions` show it.
@@ -24,6 +24,40 @@ pub(crate) fn lease_out(l: &Lease, expires_in_ms: u64) -> LeaseOut {
         token: l.token.0,
         ttl_ms: l.ttl_ms,
         expires_in_ms,
+    }
+}
+
+fn tails_out(t: Tails) -> TailsOut {
+    TailsOut {
+        p50_ms: t.p50_ms,
+        tail_ms: t.tail_ms,
+        max_ms: t.max_ms,
+    }
+}
+
+/// The advice for `scope` (and `holder`, if narrowed), with the scope's
+/// live lease measured against it.
+pub(crate) fn advice_out(
+    scope: String,
+    holder: Option<String>,
+    a: &Advice,
+    current: Option<&Lease>,
+) -> LeaseAdviceOut {
+    LeaseAdviceOut {
+        scope,
+        holder,
+        gaps: a.gaps as u64,
+        renewal_gap: tails_out(a.gap),
+        answer_latency: tails_out(a.latency),
+        pause_tail_ms: a.pause_tail_ms,
+        recommended_ttl_ms: a.recommended_ttl_ms,
+        recommended_renew_every_ms: a.recommended_renew_every_ms,
+        late_renewals: a.late_renewals,
+        current: current.map(|l| AdvisedLeaseOut {
+            holder: l.holder.clone(),
+            ttl_ms: l.ttl_ms,
+            ttl_below_recommended: a.ttl_below(l.ttl_ms),
+        }),
     }
 }
 

@@ -22,6 +22,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ("get", "/metrics", "/metrics"),
     ("get", "/v1/openapi.json", "/v1/openapi.json"),
     ("post", "/v1/leases", "/v1/leases"),
+    ("get", "/v1/leases/advice", "/v1/leases/advice?scope=twin/t"),
     ("post", "/v1/leases/{lease_id}/renew", "/v1/leases/x/renew"),
     ("delete", "/v1/leases/{lease_id}", "/v1/leases/x"),
     ("get", "/v1/twins/{twin_id}", "/v1/twins/t"),

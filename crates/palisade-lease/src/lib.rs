@@ -15,6 +15,8 @@
 //!   passes in (`palisade_log::SystemClock`; tests move a [`ManualClock`] instead of
 //!   sleeping past a TTL).
 //!
+//! - [`RenewalTails`]: renewal gaps and answer latencies per scope and
+//!   holder, and the TTL they call for ([`Advice`]); pure as well.
 //! - [`RemoteAuthority`]: the seam for an authority outside the store (etcd,
 //!   in `palisade-etcd`), chosen by configuration; the embedded one stays the
 //!   default.
@@ -41,11 +43,13 @@
 //! assert!(table.renew(LeaseId(1), Millis(1_001)).is_err()); // scenario 6
 //! ```
 
+mod advice;
 mod authority;
 mod clock;
 mod remote;
 mod table;
 
+pub use advice::{Advice, RenewalTails, Tails, ADVICE_FLOOR_MS, MIN_SAMPLES};
 pub use authority::{AuthorityError, LeaseAuthority, LeaseWrites};
 pub use clock::{Clock, ManualClock};
 pub use remote::{RemoteAuthority, RemoteError};

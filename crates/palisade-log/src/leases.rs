@@ -9,7 +9,8 @@ use std::sync::{Arc, MutexGuard};
 
 use palisade_core::{FencingToken, LeaseId, Scope};
 use palisade_lease::{
-    AcquireRequest, AuthorityError, Lease, LeaseAuthority, Millis, RemoteAuthority, RemoteError,
+    AcquireRequest, Advice, AuthorityError, Lease, LeaseAuthority, LeaseError, Millis,
+    RemoteAuthority, RemoteError, RenewalTails,
 };
 use tokio::sync::oneshot;
 use tracing::{instrument, warn};
@@ -114,7 +115,8 @@ impl Store {
                 });
             }
         }
-        match self.remote() {
+        let started = std::time::Instant::now();
+        let lease = match self.remote() {
             Some(remote) => self.remote_acquire(remote, req, owner).await,
             None => {
                 // The embedded authority decides on the sequencer, which
@@ -131,12 +133,70 @@ impl Store {
                 .map_err(|_| LeaseOpError::Closed)?;
                 rx.await.map_err(|_| LeaseOpError::Closed)?
             }
-        }
+        }?;
+        let latency = started.elapsed();
+        let now = self.lease_now();
+        self.tails().granted(&lease, now, micros(latency));
+        self.metrics().lease_answered(latency);
+        self.check_ttl(&lease);
+        Ok(lease)
     }
 
     /// Extend a live lease by its TTL (by lease id only); durable (its new
     /// deadline is stored) before the reply.
     pub async fn renew(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
+        let started = std::time::Instant::now();
+        let renewed = self.renew_on_backend(id).await;
+        let latency = started.elapsed();
+        let now = self.lease_now();
+        match &renewed {
+            Ok(lease) => {
+                let gap = self.tails().renewed(lease, now, micros(latency));
+                self.metrics().lease_renewed(gap, latency);
+                self.check_ttl(lease);
+            }
+            // Late: the lease expired (and perhaps its scope was granted
+            // again) before this renewal came. The gap that lost it counts.
+            Err(LeaseOpError::Lease(LeaseError::Expired(_) | LeaseError::Superseded { .. })) => {
+                let gap = self.tails().renewed_late(id, now);
+                self.metrics().lease_renewed(gap, latency);
+            }
+            _ => {}
+        }
+        renewed
+    }
+
+    /// The TTL advice for `scope` (every holder's renewals on it, or only
+    /// `holder`'s): `GET /v1/leases/advice`, docs/decisions/0026-ttl-advice.md.
+    pub fn lease_advice(&self, scope: &Scope, holder: Option<&str>) -> Advice {
+        self.tails().advice(scope, holder)
+    }
+
+    fn tails(&self) -> MutexGuard<'_, RenewalTails> {
+        // Samples only: a panic mid-update loses nothing that matters.
+        self.renewal_tails
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Warn (log and metric) when a lease was granted or renewed with a TTL
+    /// below what its scope's measured tails call for.
+    fn check_ttl(&self, lease: &Lease) {
+        let advice = self.tails().advice(&lease.scope, None);
+        if advice.ttl_below(lease.ttl_ms) {
+            self.metrics().lease_ttl_below_advice();
+            warn!(
+                scope = %lease.scope,
+                holder = %lease.holder,
+                ttl_ms = lease.ttl_ms,
+                recommended_ttl_ms = advice.recommended_ttl_ms,
+                pause_tail_ms = advice.pause_tail_ms,
+                "lease TTL is below what this scope's measured renewal gaps call for (GET /v1/leases/advice)"
+            );
+        }
+    }
+
+    async fn renew_on_backend(&self, id: LeaseId) -> Result<Lease, LeaseOpError> {
         match self.remote() {
             Some(remote) => {
                 let lease = remote.renew(id).await.map_err(|e| self.remote_failure(e))?;
@@ -280,4 +340,8 @@ impl Store {
             }
         }
     }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -21,6 +21,11 @@ const ACK_BUCKETS: [f64; 14] = [
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
 
+/// Upper bounds (seconds) of the lease renewal-gap histogram.
+const GAP_BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3_600.0,
+];
+
 #[derive(Debug)]
 struct Histogram {
     bounds: &'static [f64],
@@ -81,6 +86,9 @@ pub struct Metrics {
     batch_requests: Histogram,
     ack_seconds: Histogram,
     checkpoint_seconds: Histogram,
+    lease_gap_seconds: Histogram,
+    lease_answer_seconds: Histogram,
+    lease_ttl_below_advice: AtomicU64,
     segments_removed: AtomicU64,
     /// Metrics of other layers (the Kafka ingester): name -> family.
     extra: Mutex<BTreeMap<&'static str, Family>>,
@@ -128,6 +136,9 @@ impl Default for Metrics {
             batch_requests: Histogram::new(&BATCH_BUCKETS),
             ack_seconds: Histogram::new(&ACK_BUCKETS),
             checkpoint_seconds: Histogram::new(&FLUSH_BUCKETS),
+            lease_gap_seconds: Histogram::new(&GAP_BUCKETS),
+            lease_answer_seconds: Histogram::new(&ACK_BUCKETS),
+            lease_ttl_below_advice: AtomicU64::new(0),
             segments_removed: AtomicU64::new(0),
             extra: Mutex::new(BTreeMap::new()),
         }
@@ -147,6 +158,26 @@ impl Metrics {
 
     pub(crate) fn lease_refused(&self, reason: &'static str) {
         bump(&self.lease_refusals, reason);
+    }
+
+    /// A grant answered `took` after the store received it.
+    pub(crate) fn lease_answered(&self, took: Duration) {
+        self.lease_answer_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A renewal (or a late one, for an expired lease) answered in `took`,
+    /// `gap_ms` after the lease's previous grant or renewal.
+    pub(crate) fn lease_renewed(&self, gap_ms: Option<u64>, took: Duration) {
+        if let Some(g) = gap_ms {
+            #[allow(clippy::cast_precision_loss)]
+            self.lease_gap_seconds.observe(g as f64 / 1_000.0);
+        }
+        self.lease_answer_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A lease granted or renewed with a TTL below its scope's advice.
+    pub(crate) fn lease_ttl_below_advice(&self) {
+        self.lease_ttl_below_advice.fetch_add(1, Relaxed);
     }
 
     /// One write + `fdatasync` of the log, acknowledging `requests`.
@@ -224,7 +255,7 @@ impl Metrics {
     /// Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        let counters: [(&str, &str, &AtomicU64); 7] = [
+        let counters: [(&str, &str, &AtomicU64); 8] = [
             (
                 "palisade_append_requests_total",
                 "Append requests acknowledged (durable).",
@@ -259,6 +290,11 @@ impl Metrics {
                 "palisade_lease_expiries_total",
                 "Expired leases swept.",
                 &self.lease_expiries,
+            ),
+            (
+                "palisade_lease_ttl_below_advice_total",
+                "Leases granted or renewed with a TTL below what their scope's measured renewal gaps call for (GET /v1/leases/advice).",
+                &self.lease_ttl_below_advice,
             ),
         ];
         for (name, help, v) in counters {
@@ -318,6 +354,16 @@ impl Metrics {
             &mut out,
             "palisade_checkpoint_seconds",
             "Time to make sled durable (flush, fsync of its files) and trim the write-ahead log.",
+        );
+        self.lease_gap_seconds.render(
+            &mut out,
+            "palisade_lease_renewal_gap_seconds",
+            "Time between a lease's consecutive grant or renewal and its next renewal, as the store saw it (late renewals of expired leases included).",
+        );
+        self.lease_answer_seconds.render(
+            &mut out,
+            "palisade_lease_answer_seconds",
+            "Time for the store to answer a lease grant or renewal (durable).",
         );
         let _ = writeln!(
             out,

@@ -107,6 +107,10 @@ pub struct Store {
     rejections: Arc<RejectionLog>,
     /// The durable journal of refused writes (`refusals.rs`).
     refusals: Arc<RefusalJournal>,
+    /// Renewal gaps and answer latencies per scope and holder, for TTL
+    /// advice (`leases.rs`, `palisade_lease::RenewalTails`). In memory:
+    /// a restart starts measuring again.
+    pub(crate) renewal_tails: Mutex<palisade_lease::RenewalTails>,
     /// Lease and refusal audit trail and token owners (`audit.rs`).
     audit: crate::AuditLog,
     path: PathBuf,
@@ -328,6 +332,7 @@ impl Store {
             metrics,
             rejections,
             refusals,
+            renewal_tails: Mutex::default(),
             audit,
             path: path.to_owned(),
         })
