@@ -143,6 +143,7 @@ fn twin_lease(rt: &tokio::runtime::Runtime, store: &Store, twin: &TwinId) -> Fen
         scope: Scope::Twin(twin.clone()),
         holder: "bench".into(),
         ttl_ms: TTL_MS,
+        purpose: Default::default(),
     };
     rt.block_on(store.acquire(req)).unwrap().token
 }

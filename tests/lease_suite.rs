@@ -44,6 +44,7 @@ fn req(scope: &str, holder: &str, ttl_ms: u64) -> AcquireRequest {
         scope: scope.parse::<Scope>().unwrap(),
         holder: holder.into(),
         ttl_ms,
+        purpose: Default::default(),
     }
 }
 

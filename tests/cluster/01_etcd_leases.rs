@@ -14,6 +14,7 @@ fn req(scope: &str, holder: &str, ttl_ms: u64) -> AcquireRequest {
         scope: scope.parse().unwrap(),
         holder: holder.into(),
         ttl_ms,
+        purpose: Default::default(),
     }
 }
 

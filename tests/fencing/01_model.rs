@@ -93,6 +93,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     scope: scopes[scope].clone(),
                     holder: format!("h{holder}"),
                     ttl_ms: 60_000,
+                    purpose: Default::default(),
                 };
                 if let Ok(l) = store.acquire(req).await {
                     prop_assert!(

@@ -41,6 +41,7 @@ async fn racing_holders_never_regress_a_twins_tokens() {
                     scope: Scope::Partition(PartitionId(0)),
                     holder: format!("w{w}-{round}"),
                     ttl_ms: 100,
+                    purpose: Default::default(),
                 };
                 let lease = loop {
                     match store.acquire(req.clone()).await {

@@ -235,3 +235,116 @@ async fn refused_acquires_draw_no_token() {
 
     server.stop().await;
 }
+
+/// What a lease is for (decision 0028): correctness unless asked, shown in
+/// the lease, the partition owner, the audit log and the metrics; both
+/// purposes fenced alike; anything else refused and nothing granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_carries_its_purpose_and_both_purposes_are_fenced() {
+    let (_dir, server, c) = start().await;
+
+    let a = c.acquire("twin/job-1", "A", 60_000).await;
+    assert_eq!(a["purpose"], "correctness");
+    let r = c
+        .post_json(
+            "/v1/leases",
+            &json!({"scope": "partition/2", "holder": "B", "ttl_ms": 60_000, "purpose": "efficiency"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["purpose"], "efficiency");
+    let eff = r.body;
+    let r = c
+        .post_json(
+            &format!("/v1/leases/{}/renew", lease_id_of(&eff)),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.body["purpose"], "efficiency", "{:?}", r.body);
+    let parts = c.get("/v1/partitions").await;
+    assert_eq!(
+        parts.body["partitions"][2]["owner"]["purpose"],
+        "efficiency"
+    );
+
+    // Refused, and no token drawn.
+    let before = c.get("/v1/partitions").await.body["last_token"].clone();
+    for bad in [json!("Efficiency"), json!("safety"), json!(1), json!(null)] {
+        let r = c
+            .post_json(
+                "/v1/leases",
+                &json!({"scope": "twin/job-2", "holder": "C", "ttl_ms": 60_000, "purpose": bad}),
+            )
+            .await;
+        if bad.is_null() {
+            // null = not given: the default.
+            assert_eq!(r.status, 201, "{:?}", r.body);
+            assert_eq!(r.body["purpose"], "correctness");
+            c.delete(&format!("/v1/leases/{}", lease_id_of(&r.body)))
+                .await;
+            continue;
+        }
+        assert_error(&r, 400, "bad_json");
+        assert!(
+            r.body["message"]
+                .as_str()
+                .unwrap()
+                .contains(r#""correctness" or "efficiency""#),
+            "{:?}",
+            r.body
+        );
+    }
+    let after = c.get("/v1/partitions").await.body["last_token"].clone();
+    assert_eq!(after.as_u64().unwrap(), before.as_u64().unwrap() + 1);
+
+    // An efficiency lease's token is fenced like any other: a later grant
+    // on the scope refuses it.
+    let twin = crate::twin_in(2, "job");
+    let w = |token: u64| {
+        c.http
+            .post(format!("{}/v1/twins/{twin}/events", c.base))
+            .header("Fencing-Token", token.to_string())
+            .json(&json!({"type": "t", "patch": {"n": token}}))
+    };
+    assert_eq!(crate::send(w(token_of(&eff))).await.status, 201);
+    c.delete(&format!("/v1/leases/{}", lease_id_of(&eff))).await;
+    let next = c.acquire("partition/2", "D", 60_000).await;
+    assert_error(&crate::send(w(token_of(&eff))).await, 409, "stale_token");
+    assert_eq!(crate::send(w(token_of(&next))).await.status, 201);
+
+    // The audit log names each grant's purpose; the metrics count them.
+    let audit = c.get("/v1/audit?limit=100").await;
+    let grants: Vec<(&str, &str)> = audit.body["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "grant" && r["outcome"] == "ok")
+        .map(|r| (r["scope"].as_str().unwrap(), r["detail"].as_str().unwrap()))
+        .collect();
+    assert!(
+        grants.contains(&("partition/2", "efficiency")),
+        "{grants:?}"
+    );
+    assert!(
+        grants.contains(&("twin/job-1", "correctness")),
+        "{grants:?}"
+    );
+    let metrics = c
+        .http
+        .get(format!("{}/metrics", c.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("palisade_lease_grants_by_purpose_total{purpose=\"efficiency\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("palisade_lease_grants_by_purpose_total{purpose=\"correctness\"} 3"),
+        "{metrics}"
+    );
+    server.stop().await;
+}

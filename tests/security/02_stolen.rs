@@ -163,6 +163,7 @@ async fn tokens_from_before_authentication_belong_to_nobody() {
             scope: "twin/device-5".parse().unwrap(),
             holder: "worker-a".into(),
             ttl_ms: 600_000,
+            purpose: Default::default(),
         })
         .await
         .unwrap();

@@ -94,8 +94,13 @@ test("a write appears live and a stale rejection is counted", async () => {
   assert.equal(await page.locator("#chart-latency polyline").count(), 2);
   assert.ok((await peak("#chart-latency polyline")) < 88, "latency chart stays at 0");
   assert.match(await page.textContent("#chart-lag .legend"), /no Kafka ingestion/);
-  // The partitions table lists every partition.
+  // The partitions table lists every partition, with each owner lease's
+  // purpose (decision 0028).
   assert.equal(await page.locator("#partitions tbody tr").count(), 16);
+  const eff = await api("POST", "/v1/leases", { scope: "partition/5", holder: "batcher", ttl_ms: 60000, purpose: "efficiency" });
+  assert.equal(eff.status, 201);
+  assert.equal(eff.body.purpose, "efficiency");
+  await page.waitForFunction(() => /batcher\s*efficiency/.test(document.querySelector("#partitions tbody tr:nth-child(6)")?.textContent ?? ""), null, { timeout: 10000 });
   await page.screenshot({ path: join(root, "target", "operator-page.png"), fullPage: true });
   assert.deepEqual(errors, []);
 });

@@ -1,5 +1,6 @@
 //! Lease bodies: the grant request and the lease the store answers with.
 
+use palisade_core::Purpose;
 use serde::{Deserialize, Serialize};
 
 /// The body of `POST /v1/leases`.
@@ -10,13 +11,14 @@ use serde::{Deserialize, Serialize};
     schema(examples(
         json!({"scope": "twin/boiler-7", "holder": "worker-a", "ttl_ms": 10000}),
         json!({"scope": "partition/3", "holder": "worker-b", "ttl_ms": 30000}),
+        json!({"scope": "twin/job-17", "holder": "worker-c", "ttl_ms": 10000, "purpose": "efficiency"}),
     ))
 )]
 // `expecting`: serde would otherwise say "expected struct LeaseIn",
 // naming a Rust type the client has never seen.
 #[serde(
     deny_unknown_fields,
-    expecting = "a lease request object {\"scope\", \"holder\", \"ttl_ms\"}"
+    expecting = "a lease request object {\"scope\", \"holder\", \"ttl_ms\", \"purpose\"?}"
 )]
 pub struct LeaseIn {
     /// `partition/<p>` (p below the partition count) or `twin/<id>`.
@@ -36,6 +38,15 @@ pub struct LeaseIn {
     /// Time to live: 100..=86400000 ms.
     #[cfg_attr(feature = "openapi", schema(minimum = 100, maximum = 86_400_000))]
     pub ttl_ms: u64,
+    /// What the lease is for: `correctness` (the default: two holders at
+    /// once would corrupt data) or `efficiency` (they would only duplicate
+    /// work). Both are fenced alike; see docs/decisions/0028-lease-purpose.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<String>, pattern = "^(correctness|efficiency)$")
+    )]
+    pub purpose: Option<Purpose>,
 }
 
 /// A lease as returned by acquire and renew.
@@ -51,6 +62,10 @@ pub struct LeaseOut {
     /// The fencing token: send it as `Fencing-Token` with every append.
     pub token: u64,
     pub ttl_ms: u64,
+    /// `correctness` or `efficiency` (absent from stores before purposes: correctness).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(correctness|efficiency)$"))]
+    pub purpose: Purpose,
     // How long the lease had left as the store saw it when answering (for
     // a fresh grant or renewal: `ttl_ms`). A `//` comment: a doc comment
     // would add a description to the OpenAPI document.

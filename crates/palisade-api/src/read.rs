@@ -182,7 +182,8 @@ pub struct AuditOut {
     pub token: u64,
     /// The lease id, 32 hex characters (empty: none).
     pub lease_id: String,
-    /// The stable error name of a refusal (empty on success).
+    /// The stable error name of a refusal; for a granted lease its purpose
+    /// (`correctness` or `efficiency`); empty for other successes.
     pub detail: String,
 }
 

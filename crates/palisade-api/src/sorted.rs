@@ -64,6 +64,7 @@ mod tests {
             holder: "h".into(),
             token: 4,
             ttl_ms: 1000,
+            purpose: palisade_core::Purpose::Efficiency,
             expires_in_ms: 500,
         };
         let p = PartitionOut {
@@ -74,7 +75,7 @@ mod tests {
         };
         assert_eq!(
             serde_json::to_string(&p).unwrap(),
-            r#"{"fence":4,"head":2,"owner":{"expires_in_ms":500,"holder":"h","lease_id":"00","scope":"partition/1","token":4,"ttl_ms":1000},"partition":1}"#
+            r#"{"fence":4,"head":2,"owner":{"expires_in_ms":500,"holder":"h","lease_id":"00","purpose":"efficiency","scope":"partition/1","token":4,"ttl_ms":1000},"partition":1}"#
         );
         let none = PartitionOut { owner: None, ..p };
         assert_eq!(

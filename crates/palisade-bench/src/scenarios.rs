@@ -885,6 +885,7 @@ async fn recovery(ctx: &Ctx, n: u64) -> anyhow::Result<Case> {
                 scope: Scope::Partition(PartitionId(u32::try_from(pi)?)),
                 holder: "bench-recovery".into(),
                 ttl_ms: 600_000,
+                purpose: Default::default(),
             })
             .await
             .context("recovery: acquire")?;

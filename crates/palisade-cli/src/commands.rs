@@ -85,16 +85,26 @@ fn print_grant(g: &LeaseGrant, verb: &str, json: bool) -> Result<(), Failure> {
         return json_line(g);
     }
     out(format!(
-        "{verb} lease {}  scope {}  holder {}  token {}  ttl {} ms",
-        g.lease_id, g.scope, g.holder, g.token, g.ttl_ms
+        "{verb} lease {}  scope {}  holder {}  token {}  ttl {} ms  purpose {}",
+        g.lease_id, g.scope, g.holder, g.token, g.ttl_ms, g.purpose
     ))
 }
 
 pub(crate) async fn acquire(a: AcquireArgs) -> Result<(), Failure> {
     let s = Session::new(&a.conn)?;
+    // clap admits only the two names.
+    let purpose = a
+        .purpose
+        .parse()
+        .map_err(|e: palisade_core::PurposeError| Failure::Usage(e.to_string()))?;
     let grant = s
         .client
-        .acquire(&a.scope, &a.holder, Duration::from_millis(a.ttl_ms))
+        .acquire_with_purpose(
+            &a.scope,
+            &a.holder,
+            Duration::from_millis(a.ttl_ms),
+            purpose,
+        )
         .await
         .map_err(|e| s.fail(e))?;
     print_grant(&grant, "acquired", a.conn.json)

@@ -131,6 +131,11 @@ pub struct AcquireArgs {
     /// Time to live in milliseconds (100 to 86400000).
     #[arg(long, env = "PALISADE_LEASE_TTL_MS", default_value_t = 30_000)]
     pub ttl_ms: u64,
+    /// What the lease is for: `correctness` (default: two holders at once
+    /// would corrupt data) or `efficiency` (they would only duplicate work).
+    #[arg(long, env = "PALISADE_LEASE_PURPOSE", default_value = "correctness",
+        value_parser = ["correctness", "efficiency"])]
+    pub purpose: String,
     #[command(flatten)]
     pub conn: Conn,
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use palisade_api::{ErrorName, LeaseIn};
+use palisade_core::Purpose;
 use reqwest::{Method, Url};
 use serde::Serialize;
 
@@ -109,11 +110,37 @@ impl Client {
         holder: &str,
         ttl: Duration,
     ) -> Result<LeaseGrant, ClientError> {
+        self.acquire_for(scope, holder, ttl, None).await
+    }
+
+    /// [`Client::acquire`] naming what the lease is for:
+    /// [`Purpose::Correctness`] (the store's default) or
+    /// [`Purpose::Efficiency`]. Both are fenced alike by the store; the
+    /// purpose is shown in the lease, its metrics and the audit log
+    /// (docs/decisions/0028-lease-purpose.md).
+    pub async fn acquire_with_purpose(
+        &self,
+        scope: &str,
+        holder: &str,
+        ttl: Duration,
+        purpose: Purpose,
+    ) -> Result<LeaseGrant, ClientError> {
+        self.acquire_for(scope, holder, ttl, Some(purpose)).await
+    }
+
+    pub(crate) async fn acquire_for(
+        &self,
+        scope: &str,
+        holder: &str,
+        ttl: Duration,
+        purpose: Option<Purpose>,
+    ) -> Result<LeaseGrant, ClientError> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let body = LeaseIn {
             scope: scope.to_owned(),
             holder: holder.to_owned(),
             ttl_ms,
+            purpose,
         };
         self.json(Method::POST, &["v1", "leases"], Some(&body))
             .await

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade_core::Purpose;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -22,6 +23,8 @@ pub struct LeaseOptions {
     /// the TTL, which leaves two thirds of it for retries. Clamped to at most
     /// half the TTL (and at least 10 ms).
     pub renew_every: Option<Duration>,
+    /// What the lease is for; `None` leaves it to the store (correctness).
+    pub purpose: Option<Purpose>,
 }
 
 /// A lease kept alive by a background task, from
@@ -89,7 +92,7 @@ impl Lease {
         // The TTL is counted from before the request: the store's clock
         // started later, so our deadline is never later than its.
         let sent = Instant::now();
-        let grant = client.acquire(scope, holder, ttl).await?;
+        let grant = client.acquire_for(scope, holder, ttl, opts.purpose).await?;
         let ttl = Duration::from_millis(grant.ttl_ms);
         let every = opts
             .renew_every

@@ -66,7 +66,7 @@ pub use client::{Client, APPEND_ATTEMPTS, APPEND_BACKOFF, CONNECT_TIMEOUT, REQUE
 pub use error::ClientError;
 pub use lease::{Lease, LeaseOptions};
 pub use palisade_api::ErrorName;
-pub use palisade_core::{Hlc, Scope};
+pub use palisade_core::{Hlc, Purpose, Scope};
 pub use types::{
     Appended, Event, LeaseAdvice, LeaseGrant, PartitionInfo, PartitionOwner, Partitions, Refusal,
     StoredEvent, TwinState,

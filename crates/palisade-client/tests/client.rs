@@ -415,6 +415,7 @@ async fn dropping_the_guard_stops_renewing_without_releasing() {
             ttl,
             LeaseOptions {
                 renew_every: Some(Duration::from_millis(50)),
+                ..LeaseOptions::default()
             },
         )
         .await

@@ -18,6 +18,7 @@ mod hlc;
 mod ids;
 pub mod json;
 mod partition;
+mod purpose;
 
 pub use event::{
     check_event_fields, Event, EventFieldError, NewEvent, MAX_EVENT_ID_LEN, MAX_EVENT_TYPE_LEN,
@@ -28,6 +29,7 @@ pub use ids::{
     MAX_TWIN_ID_LEN,
 };
 pub use partition::{murmur2, partition_for};
+pub use purpose::{Purpose, PurposeError};
 
 /// A boxed, sendable future: the workspace's traits used as trait objects
 /// (`dyn RemoteAuthority`, `dyn Ownership`, `dyn ClusterRouting`, ...)

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use etcd_client::{LeaseTimeToLiveOptions, TxnOpResponse};
-use palisade_core::{BoxFuture, FencingToken, LeaseId, Scope};
+use palisade_core::{BoxFuture, FencingToken, LeaseId, Purpose, Scope};
 use palisade_lease::{AcquireRequest, Lease, LeaseError, Millis, RemoteAuthority, RemoteError};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
@@ -65,6 +65,10 @@ struct LockValue {
     scope: String,
     /// The TTL granted, in ms (a multiple of 1000).
     ttl_ms: u64,
+    /// What the lease is for (decision 0028); absent in keys written before
+    /// purposes existed, which were all for correctness.
+    #[serde(default)]
+    purpose: Purpose,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,6 +228,7 @@ impl EtcdAuthority {
             holder: req.holder.clone(),
             scope: req.scope.to_string(),
             ttl_ms,
+            purpose: req.purpose,
         })
         .map_err(|e| RemoteError::Unavailable {
             authority: "etcd",
@@ -276,6 +281,7 @@ impl EtcdAuthority {
                     holder: req.holder,
                     token,
                     ttl_ms,
+                    purpose: req.purpose,
                     expires_at: self.now_ms().0.saturating_add(ttl_ms),
                 };
                 debug!(scope = %lease.scope, token = token.0, lease = %lease.id, "etcd grant");
@@ -359,6 +365,7 @@ impl EtcdAuthority {
             holder: v.holder,
             token: FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0)),
             ttl_ms: v.ttl_ms,
+            purpose: v.purpose,
             expires_at: 0,
         };
         Ok((lease, ttl.ttl()))

@@ -33,7 +33,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use palisade_auth::{authorize, owns, Action, AuthError, Identity, Principal, Resource};
-use palisade_core::{FencingToken, LeaseId, NewEvent, Scope, TwinId};
+use palisade_core::{FencingToken, LeaseId, NewEvent, Purpose, Scope, TwinId};
 use palisade_log::{AuditAction, AuditOutcome, AuditRecord, Store};
 use serde_json::Value;
 
@@ -355,16 +355,22 @@ impl Admitted {
     }
 
     /// A granted lease, audited with its token and id.
-    pub(crate) async fn granted(&mut self, token: FencingToken, id: LeaseId) {
+    /// A lease granted: audited with its token, id and purpose (the
+    /// detail of a successful grant; decision 0028), and flushed.
+    pub(crate) async fn granted(&mut self, token: FencingToken, id: LeaseId, purpose: Purpose) {
         self.record.token = token.0;
         self.record.lease_id = id.0;
-        self.done().await;
+        self.finish(purpose.as_str()).await;
     }
 
     /// A lease operation done: audited and flushed (grants, renewals and
     /// releases are the records an investigation needs most).
     pub(crate) async fn done(&mut self) {
-        self.record_as(AuditOutcome::Ok, "");
+        self.finish("").await;
+    }
+
+    async fn finish(&mut self, detail: &str) {
+        self.record_as(AuditOutcome::Ok, detail);
         if let Err(e) = self.store.audit().flush().await {
             tracing::warn!(error = %e, "audit flush failed");
         }

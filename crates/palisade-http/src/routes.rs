@@ -361,12 +361,13 @@ pub(crate) async fn acquire(
                 scope,
                 holder: req.holder,
                 ttl_ms: req.ttl_ms,
+                purpose: req.purpose.unwrap_or_default(),
             },
             call.owner(),
         )
         .await
         .map_err(|e| call.failed(e.into(), Some(AuditOutcome::Refused)))?;
-    call.granted(lease.token, lease.id).await;
+    call.granted(lease.token, lease.id, lease.purpose).await;
     let out = lease_out(&lease, lease.ttl_ms);
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }

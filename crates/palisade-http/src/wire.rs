@@ -23,6 +23,7 @@ pub(crate) fn lease_out(l: &Lease, expires_in_ms: u64) -> LeaseOut {
         holder: l.holder.clone(),
         token: l.token.0,
         ttl_ms: l.ttl_ms,
+        purpose: l.purpose,
         expires_in_ms,
     }
 }

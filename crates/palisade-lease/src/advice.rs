@@ -240,6 +240,7 @@ mod tests {
             holder: holder.into(),
             token: palisade_core::FencingToken(1),
             ttl_ms: 10_000,
+            purpose: Default::default(),
             expires_at: 0,
         }
     }

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use bincode::{Decode, Encode};
 use palisade_core::codec::{self, CodecError};
-use palisade_core::{FencingToken, LeaseId, Scope};
+use palisade_core::{FencingToken, LeaseId, Purpose, Scope};
 
 use crate::clock::Clock;
 use crate::table::{AcquireRequest, Grant, Lease, LeaseError, LeaseTable, Millis};
@@ -21,6 +21,12 @@ const TOKEN_PREFIX: u8 = 0x02;
 /// open, so that a lease that had expired before a restart stays expired
 /// after it; while running, expiry is monotonic (`Instant`).
 const DEADLINE_PREFIX: u8 = 0x03;
+/// `0x04 ++ lease_id` -> one byte, `0x01`: the lease is for efficiency
+/// (decision 0028). Written only for such leases (absent = correctness),
+/// so a store written before purposes existed reads unchanged.
+const PURPOSE_PREFIX: u8 = 0x04;
+/// The value of a purpose key.
+const EFFICIENCY: u8 = 0x01;
 
 /// What is persisted of a lease: everything but its monotonic expiry.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -101,6 +107,12 @@ impl LeaseAuthority {
                     .min(rec.ttl_ms),
                 None => rec.ttl_ms,
             };
+            let pkey = purpose_key(rec.id);
+            let purpose = match tree.get(pkey)?.as_deref() {
+                None => Purpose::Correctness,
+                Some([EFFICIENCY]) => Purpose::Efficiency,
+                Some(_) => return Err(damaged(&pkey)),
+            };
             leases.push((
                 Lease {
                     id: rec.id,
@@ -108,6 +120,7 @@ impl LeaseAuthority {
                     holder: rec.holder,
                     token: rec.token,
                     ttl_ms: rec.ttl_ms,
+                    purpose,
                     expires_at: 0,
                 },
                 left_ms,
@@ -159,8 +172,10 @@ impl LeaseAuthority {
             deadline_write(l, wall_ms),
         ];
         if let Some(old) = grant.replaced {
-            w.push((lease_key(old).to_vec(), None));
-            w.push((deadline_key(old).to_vec(), None));
+            w.extend(removal(old));
+        }
+        if l.purpose == Purpose::Efficiency {
+            w.push((purpose_key(l.id).to_vec(), Some(vec![EFFICIENCY])));
         }
         Ok((grant, w))
     }
@@ -214,6 +229,10 @@ fn deadline_key(id: LeaseId) -> [u8; 17] {
     prefixed_id(DEADLINE_PREFIX, id)
 }
 
+fn purpose_key(id: LeaseId) -> [u8; 17] {
+    prefixed_id(PURPOSE_PREFIX, id)
+}
+
 fn prefixed_id(prefix: u8, id: LeaseId) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = prefix;
@@ -233,6 +252,7 @@ fn removal(id: LeaseId) -> LeaseWrites {
     vec![
         (lease_key(id).to_vec(), None),
         (deadline_key(id).to_vec(), None),
+        (purpose_key(id).to_vec(), None),
     ]
 }
 
@@ -267,6 +287,7 @@ mod tests {
             scope: scope.parse().unwrap(),
             holder: holder.into(),
             ttl_ms,
+            purpose: Default::default(),
         }
     }
 
@@ -285,6 +306,52 @@ mod tests {
     /// A clock whose wall reading starts at `wall_ms`.
     fn at(wall_ms: u64) -> Arc<crate::ManualClock> {
         Arc::new(crate::ManualClock::at(wall_ms))
+    }
+
+    /// Decision 0028: an efficiency lease keeps its purpose across a
+    /// restart through its own key; a correctness lease writes none (so a
+    /// store from before purposes reads unchanged), and removing a lease
+    /// removes its purpose.
+    #[test]
+    fn purpose_survives_reopen_and_goes_with_the_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::open(dir.path()).unwrap();
+        let tree = db.open_tree("leases").unwrap();
+        let (eff, cor);
+        {
+            let mut auth = LeaseAuthority::open(tree.clone(), at(T0)).unwrap();
+            let (g, w) = auth
+                .acquire(
+                    AcquireRequest {
+                        purpose: Purpose::Efficiency,
+                        ..req("twin/a", "A", 60_000)
+                    },
+                    LeaseId(1),
+                )
+                .unwrap();
+            assert_eq!(g.lease.purpose, Purpose::Efficiency);
+            apply(&tree, w);
+            eff = g.lease.id;
+            let (g, w) = auth
+                .acquire(req("twin/b", "B", 60_000), LeaseId(2))
+                .unwrap();
+            assert_eq!(g.lease.purpose, Purpose::Correctness);
+            apply(&tree, w);
+            cor = g.lease.id;
+        }
+        assert_eq!(tree.scan_prefix([PURPOSE_PREFIX]).count(), 1);
+        let mut auth = LeaseAuthority::open(tree.clone(), at(T0 + 1_000)).unwrap();
+        assert_eq!(auth.get(eff).unwrap().purpose, Purpose::Efficiency);
+        assert_eq!(auth.get(cor).unwrap().purpose, Purpose::Correctness);
+        let (_, w) = auth.release(eff).unwrap();
+        apply(&tree, w);
+        assert_eq!(tree.scan_prefix([PURPOSE_PREFIX]).count(), 0);
+        // A damaged purpose byte is refused, not read as either purpose.
+        tree.insert(purpose_key(cor), &[7u8][..]).unwrap();
+        assert!(matches!(
+            LeaseAuthority::open(tree, at(T0)),
+            Err(AuthorityError::Damaged { .. })
+        ));
     }
 
     #[test]

@@ -35,6 +35,7 @@
 //!     scope: "twin/device-7".parse::<Scope>().unwrap(),
 //!     holder: holder.into(),
 //!     ttl_ms: 1_000,
+//!     purpose: Default::default(),
 //! };
 //! let a = table.acquire(req("A"), LeaseId(1), Millis(0)).unwrap();
 //! assert!(table.acquire(req("B"), LeaseId(2), Millis(500)).is_err()); // still held

@@ -1,6 +1,6 @@
 use std::collections::{HashMap, VecDeque};
 
-use palisade_core::{FencingToken, LeaseId, Scope};
+use palisade_core::{FencingToken, LeaseId, Purpose, Scope};
 
 /// Monotonic time in milliseconds since an origin the caller picks (the
 /// durable shell uses process start). Never a wall clock: a wall-clock jump
@@ -32,6 +32,8 @@ pub struct AcquireRequest {
     pub scope: Scope,
     pub holder: String,
     pub ttl_ms: u64,
+    /// What the lease is for; the default is correctness.
+    pub purpose: Purpose,
 }
 
 impl AcquireRequest {
@@ -59,6 +61,7 @@ pub struct Lease {
     pub holder: String,
     pub token: FencingToken,
     pub ttl_ms: u64,
+    pub purpose: Purpose,
     /// Monotonic expiry in [`Millis`]. Not meaningful across restarts, so it
     /// is not persisted (see [`LeaseTable::restore`]).
     pub expires_at: u64,
@@ -221,6 +224,7 @@ impl LeaseTable {
             holder: req.holder,
             token: FencingToken(token),
             ttl_ms: req.ttl_ms,
+            purpose: req.purpose,
             expires_at: now.plus(req.ttl_ms).0,
         };
         let replaced = self
@@ -341,6 +345,7 @@ mod tests {
             scope: scope.parse().unwrap(),
             holder: holder.into(),
             ttl_ms,
+            purpose: Default::default(),
         }
     }
 
@@ -551,6 +556,7 @@ mod tests {
                             scope: scopes[scope as usize].clone(),
                             holder: format!("h{holder}"),
                             ttl_ms: ttl,
+                            purpose: Default::default(),
                         }, id, now);
                         let blocked = model.get(&scope).is_some_and(|&(_, h, exp)| now.0 < exp && h != holder);
                         prop_assert_eq!(r.is_err(), blocked);

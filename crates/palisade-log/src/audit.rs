@@ -467,6 +467,7 @@ mod tests {
                 scope: palisade_core::Scope::Twin(palisade_core::TwinId::new(twin).unwrap()),
                 holder: "worker-a".into(),
                 ttl_ms: 10_000,
+                purpose: Default::default(),
             };
             let owned = store
                 .acquire_for(req("pump-1"), Some("worker-a"))

@@ -138,6 +138,7 @@ impl Store {
         let now = self.lease_now();
         self.tails().granted(&lease, now, micros(latency));
         self.metrics().lease_answered(latency);
+        self.metrics().lease_granted_for(lease.purpose);
         self.check_ttl(&lease);
         Ok(lease)
     }

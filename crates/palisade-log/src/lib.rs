@@ -22,6 +22,7 @@
 //!     scope: Scope::Twin(twin.clone()),
 //!     holder: holder.into(),
 //!     ttl_ms: 100,
+//!     purpose: Default::default(),
 //! };
 //! let event = |id: &str, rpm: u32| NewEvent {
 //!     event_id: id.into(),

@@ -82,6 +82,7 @@ pub struct Metrics {
     pub(crate) lease_expiries: AtomicU64,
     rejections: Mutex<BTreeMap<&'static str, u64>>,
     lease_refusals: Mutex<BTreeMap<&'static str, u64>>,
+    lease_purposes: Mutex<BTreeMap<&'static str, u64>>,
     flush_seconds: Histogram,
     batch_requests: Histogram,
     ack_seconds: Histogram,
@@ -132,6 +133,7 @@ impl Default for Metrics {
             lease_expiries: AtomicU64::new(0),
             rejections: Mutex::new(BTreeMap::new()),
             lease_refusals: Mutex::new(BTreeMap::new()),
+            lease_purposes: Mutex::new(BTreeMap::new()),
             flush_seconds: Histogram::new(&FLUSH_BUCKETS),
             batch_requests: Histogram::new(&BATCH_BUCKETS),
             ack_seconds: Histogram::new(&ACK_BUCKETS),
@@ -158,6 +160,11 @@ impl Metrics {
 
     pub(crate) fn lease_refused(&self, reason: &'static str) {
         bump(&self.lease_refusals, reason);
+    }
+
+    /// A lease granted for `purpose` (decision 0028).
+    pub(crate) fn lease_granted_for(&self, purpose: palisade_core::Purpose) {
+        bump(&self.lease_purposes, purpose.as_str());
     }
 
     /// A grant answered `took` after the store received it.
@@ -304,22 +311,30 @@ impl Metrics {
                 v.load(Relaxed)
             );
         }
-        for (name, help, map) in [
+        for (name, help, label, map) in [
             (
                 "palisade_append_rejections_total",
                 "Append requests refused, by reason.",
+                "reason",
                 &self.rejections,
             ),
             (
                 "palisade_lease_refusals_total",
                 "Lease requests refused, by reason.",
+                "reason",
                 &self.lease_refusals,
+            ),
+            (
+                "palisade_lease_grants_by_purpose_total",
+                "Leases granted, by purpose (correctness or efficiency).",
+                "purpose",
+                &self.lease_purposes,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             if let Ok(m) = map.lock() {
-                for (reason, n) in m.iter() {
-                    let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+                for (value, n) in m.iter() {
+                    let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
                 }
             }
         }

@@ -355,6 +355,7 @@ mod tests {
                     scope: palisade_core::Scope::Twin(twin.clone()),
                     holder: "worker-a".into(),
                     ttl_ms: 60_000,
+                    purpose: Default::default(),
                 })
                 .await
                 .unwrap();

@@ -36,6 +36,7 @@ async fn events_stamped_after_a_restart_order_after_earlier_ones() {
             scope: Scope::Twin(twin.clone()),
             holder: "w".into(),
             ttl_ms: 60_000,
+            purpose: Default::default(),
         })
         .await
         .unwrap();

@@ -57,6 +57,7 @@ async fn offsets_make_redelivery_exactly_once_across_restarts() {
             scope: Scope::Twin(twin.clone()),
             holder: "A".into(),
             ttl_ms: 100,
+            purpose: Default::default(),
         })
         .await
         .unwrap();
@@ -106,6 +107,7 @@ async fn stale_records_are_dropped_and_bad_ones_dead_lettered_while_the_partitio
         scope: Scope::Twin(twin.clone()),
         holder: h.into(),
         ttl_ms: 100,
+        purpose: Default::default(),
     };
     let a = store.acquire(lease("A")).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(120)).await;

@@ -38,6 +38,7 @@ async fn lease(store: &Store, twin: &TwinId) -> FencingToken {
             scope: Scope::Twin(twin.clone()),
             holder: format!("holder-{twin}"),
             ttl_ms: 60_000,
+            purpose: Default::default(),
         })
         .await
         .unwrap()
@@ -347,6 +348,7 @@ async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
                 scope: Scope::Twin(twin.clone()),
                 holder: "old".into(),
                 ttl_ms: 60_000,
+                purpose: Default::default(),
             })
             .await
             .unwrap();

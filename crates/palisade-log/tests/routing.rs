@@ -68,6 +68,7 @@ async fn lease(store: &Store, twin: &TwinId, holder: &str) -> FencingToken {
             scope: Scope::Twin(twin.clone()),
             holder: holder.into(),
             ttl_ms: 600_000,
+            purpose: Default::default(),
         })
         .await
         .unwrap()

@@ -322,6 +322,7 @@ async fn the_cluster_authority_refuses_until_it_has_its_node_then_asks_it() {
         scope: "twin/a".parse().unwrap(),
         holder: "A".into(),
         ttl_ms: 5_000,
+        purpose: Default::default(),
     };
     match cluster.acquire(req()).await {
         Err(RemoteError::Unavailable { detail, .. }) => {
