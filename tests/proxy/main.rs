@@ -36,7 +36,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 /// The scope rule every test proxy runs with.
 pub const SCOPE: &str = "/api/parts/{twin}";
@@ -69,7 +69,9 @@ impl Seen {
 pub struct Upstream {
     pub url: String,
     seen: Arc<Mutex<Vec<Seen>>>,
-    slow: Arc<Notify>,
+    /// `true` once `/slow` requests may go on (a flag, so a request that
+    /// arrives after the release does not wait either).
+    slow: Arc<watch::Sender<bool>>,
     in_flight: Arc<Mutex<(usize, usize)>>,
 }
 
@@ -80,7 +82,7 @@ impl Upstream {
         let up = Self {
             url,
             seen: Arc::default(),
-            slow: Arc::new(Notify::new()),
+            slow: Arc::new(watch::Sender::new(false)),
             in_flight: Arc::default(),
         };
         let state = up.clone();
@@ -108,7 +110,7 @@ impl Upstream {
         }
         let path = uri.path().to_owned();
         if path.ends_with("/slow") {
-            self.slow.notified().await;
+            let _ = self.slow.subscribe().wait_for(|go| *go).await;
         }
         if path.ends_with("/jitter") {
             let ms = uuid::Uuid::new_v4().as_bytes()[0] % 8;
@@ -139,7 +141,7 @@ impl Upstream {
 
     /// Let every request waiting in a `/slow` path go on.
     pub fn release_slow(&self) {
-        self.slow.notify_waiters();
+        self.slow.send_replace(true);
     }
 }
 

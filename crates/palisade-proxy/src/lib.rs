@@ -412,7 +412,9 @@ impl Proxy {
         let digest = hex(&Sha256::digest(&body));
 
         // From here to the upstream's answer, this twin's other requests wait.
+        let waiting = self.metrics.waiting();
         let guard = self.locks.lock(twin.as_str()).await;
+        drop(waiting);
         let admission = Admission {
             twin: &twin,
             token,

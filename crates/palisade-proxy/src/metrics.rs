@@ -13,6 +13,9 @@ pub struct ProxyMetrics {
     retried: AtomicU64,
     /// Requests refused before forwarding, by error name.
     refused: Mutex<BTreeMap<String, u64>>,
+    /// Requests waiting for their twin's lock now (another request of the
+    /// twin is being admitted or forwarded).
+    waiting: AtomicU64,
     /// Admitted requests the upstream answered (any status).
     forwarded: AtomicU64,
     /// Admitted requests whose upstream failed: `timeout`, `connect`
@@ -41,6 +44,13 @@ impl ProxyMetrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(reason)
             .or_default() += 1;
+    }
+
+    /// A request waits for its twin's lock until the returned value is
+    /// dropped (also if the caller goes away while it waits).
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(self)
     }
 
     pub fn forwarded(&self) {
@@ -82,6 +92,13 @@ impl ProxyMetrics {
         );
         let _ = writeln!(
             s,
+            "# HELP palisade_proxy_waiting Requests waiting for their twin's lock (another request of the twin is in flight).\n\
+             # TYPE palisade_proxy_waiting gauge\n\
+             palisade_proxy_waiting {}",
+            self.waiting.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            s,
             "# HELP palisade_proxy_refused_total Requests refused and not forwarded, by error name.\n\
              # TYPE palisade_proxy_refused_total counter"
         );
@@ -110,5 +127,15 @@ impl ProxyMetrics {
             );
         }
         s
+    }
+}
+
+/// One request counted in `palisade_proxy_waiting` while it lives.
+#[derive(Debug)]
+pub struct Waiting<'a>(&'a ProxyMetrics);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
