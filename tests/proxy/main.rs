@@ -26,6 +26,9 @@ mod restart;
 #[path = "05_bad_input.rs"]
 mod bad_input;
 
+#[path = "06_auth_tls.rs"]
+mod auth_tls;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
