@@ -87,3 +87,58 @@ async fn fences_survive_a_proxy_crash() {
         "A's late request never reached the upstream"
     );
 }
+
+/// SIGTERM: the proxy stops accepting, finishes, closes its store and
+/// exits 0; the fences are there on the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_cleanly_and_the_fences_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let mut proxy = ProxyProcess::embedded(dir.path(), &upstream.url, &[]);
+    let store = proxy.store();
+    let a = store.acquire("twin/part-5", "worker-a", 60_000).await;
+    let ta = token_of(&a);
+    assert_eq!(
+        store
+            .delete(&format!("/v1/leases/{}", lease_id_of(&a)))
+            .await
+            .status,
+        204
+    );
+    let tb = token_of(&store.acquire("twin/part-5", "worker-b", 60_000).await);
+    let r = put(
+        &proxy.url,
+        "part-5",
+        "",
+        Some(&tb.to_string()),
+        None,
+        &json!({"token": tb}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &proxy.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let status = proxy.child.wait().unwrap();
+    assert!(status.success(), "palisade proxy exited with {status}");
+    let proxy = ProxyProcess::embedded(dir.path(), &upstream.url, &[]);
+    let r = put(
+        &proxy.url,
+        "part-5",
+        "",
+        Some(&ta.to_string()),
+        None,
+        &json!({"token": ta}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body["fence"].as_u64()),
+        (409, Some(tb)),
+        "{:?}",
+        r.body
+    );
+    assert_eq!(upstream.seen().len(), 1);
+}

@@ -139,3 +139,126 @@ async fn header_rule_needs_its_header() {
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].path, "/gateway/commands");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_the_limit_is_refused_and_not_forwarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let proxy = ProxyProcess::embedded(dir.path(), &upstream.url, &["--max-body-bytes", "64"]);
+    let store = proxy.store();
+    let t = token_of(&store.acquire("twin/part-6", "w", 60_000).await).to_string();
+    let big = json!({"token": 1, "blob": "x".repeat(100)});
+    let r = put(&proxy.url, "part-6", "", Some(&t), None, &big).await;
+    assert_eq!(
+        (r.status, r.body["error"].as_str()),
+        (413, Some("body_too_large")),
+        "{:?}",
+        r.body
+    );
+    assert!(upstream.seen().is_empty());
+    let events = store.get("/v1/twins/part-6/events").await;
+    assert_eq!(events.body["events"].as_array().map(Vec::len), Some(0));
+    let r = put(
+        &proxy.url,
+        "part-6",
+        "",
+        Some(&t),
+        None,
+        &json!({"token": 1}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+}
+
+/// Settings that cannot work stop the proxy before it listens, with a
+/// message naming the problem (exit 1; 2 for a clap usage error).
+#[test]
+fn bad_settings_refuse_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .arg("proxy")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let up = ["--upstream", "http://127.0.0.1:9"];
+    for (args, code, needle) in [
+        (
+            vec!["--data", data, "--scope-path", "/api/{twin}"],
+            Some(2),
+            "--upstream",
+        ),
+        (
+            vec![
+                "--data",
+                data,
+                "--store-url",
+                "http://127.0.0.1:1",
+                "--scope-path",
+                "/api/{twin}",
+                up[0],
+                up[1],
+            ],
+            Some(2),
+            "cannot be used with",
+        ),
+        (vec!["--data", data, up[0], up[1]], Some(2), "--scope-path"),
+        (
+            vec!["--data", data, "--scope-path", "/api/parts", up[0], up[1]],
+            Some(1),
+            "exactly one {twin}",
+        ),
+        (
+            vec![
+                "--data",
+                data,
+                "--scope-path",
+                "/api/{twin}",
+                "--upstream",
+                "https://plm:443",
+            ],
+            Some(1),
+            "only http://",
+        ),
+        (
+            vec![
+                "--data",
+                data,
+                "--scope-path",
+                "/api/{twin}",
+                up[0],
+                up[1],
+                "--listen",
+                "0.0.0.0:0",
+            ],
+            Some(1),
+            "not a loopback address",
+        ),
+        (
+            vec![
+                "--data",
+                data,
+                "--scope-path",
+                "/api/{twin}",
+                up[0],
+                up[1],
+                "--upstream-timeout-ms",
+                "0",
+            ],
+            Some(1),
+            "at least 1",
+        ),
+    ] {
+        let (got, stdout, stderr) = run(&args);
+        assert_eq!(got, code, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stdout.contains("listening"), "{args:?} started: {stdout}");
+    }
+}
