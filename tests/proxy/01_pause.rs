@@ -111,6 +111,12 @@ async fn pause_scenario(proxy: &ProxyProcess, store: &Client, upstream: &Upstrea
     assert_eq!(list[0]["type"], "palisade.proxy.admitted");
     assert_eq!(list[0]["event_id"], key);
     assert_eq!(list[0]["token"], fresh);
+    let record = &list[0]["patch"]["palisade_proxy"];
+    assert_eq!(record["method"], "PUT", "{record}");
+    assert_eq!(record["path"], "/api/parts/part-1");
+    assert_eq!(record["request_id"], "worker-b-1");
+    assert_eq!(record["idempotency_key"], key);
+    assert_eq!(record["body_sha256"].as_str().map(str::len), Some(64));
     let refusals = store.get("/v1/twins/part-1/refusals").await;
     let refused = refusals.body["refusals"].as_array().unwrap();
     assert!(

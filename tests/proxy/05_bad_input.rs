@@ -262,3 +262,32 @@ fn bad_settings_refuse_to_start() {
         assert!(!stdout.contains("listening"), "{args:?} started: {stdout}");
     }
 }
+
+/// A token of a `partition/<p>` lease covers the partition's twins through
+/// the proxy as it does in the store; a twin of another partition is
+/// `token_scope_mismatch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_lease_covers_its_twins() {
+    use palisade::core::{partition_for, TwinId};
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let proxy = ProxyProcess::embedded(dir.path(), &upstream.url, &[]);
+    let store = proxy.store();
+    let p = |t: &str| partition_for(&TwinId::new(t).unwrap(), 16).0;
+    let mine = "part-11";
+    let other = (0..100)
+        .map(|i| format!("part-x{i}"))
+        .find(|t| p(t) != p(mine))
+        .unwrap();
+    let t = token_of(
+        &store
+            .acquire(&format!("partition/{}", p(mine)), "pw", 60_000)
+            .await,
+    )
+    .to_string();
+    let r = put(&proxy.url, mine, "", Some(&t), None, &json!({"token": 1})).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let r = put(&proxy.url, &other, "", Some(&t), None, &json!({"token": 1})).await;
+    assert_eq!(r.body["error"], "token_scope_mismatch", "{:?}", r.body);
+    assert_eq!(upstream.seen().len(), 1);
+}
