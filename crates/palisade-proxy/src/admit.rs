@@ -24,6 +24,18 @@ pub const ADMITTED_TYPE: &str = "palisade.proxy.admitted";
 pub const PATCH_KEY: &str = "palisade_proxy";
 /// Longest request path kept in an admission record.
 const MAX_RECORDED_PATH: usize = 512;
+/// Longest caller's request id kept in an admission record (the key is
+/// derived from all of it).
+const MAX_RECORDED_REQUEST_ID: usize = 256;
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut at = s.len().min(max);
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    &s[..at]
+}
 
 /// Where admissions are decided.
 #[derive(Debug, Clone)]
@@ -70,14 +82,8 @@ pub struct Admitted {
 
 impl Admission<'_> {
     fn patch(&self) -> Map<String, Value> {
-        let mut path = self.path.to_owned();
-        if path.len() > MAX_RECORDED_PATH {
-            let mut cut = MAX_RECORDED_PATH;
-            while !path.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            path.truncate(cut);
-        }
+        let path = cut(self.path, MAX_RECORDED_PATH);
+        let request_id = cut(self.request_id, MAX_RECORDED_REQUEST_ID);
         let mut m = Map::new();
         m.insert(
             PATCH_KEY.into(),
@@ -85,7 +91,7 @@ impl Admission<'_> {
                 "method": self.method,
                 "path": path,
                 "body_sha256": self.body_sha256,
-                "request_id": self.request_id,
+                "request_id": request_id,
                 "idempotency_key": self.key,
             }),
         );
@@ -205,4 +211,18 @@ pub fn error_response(status: StatusCode, name: &str, message: &str, details: Va
         b.extend(d);
     }
     (status, axum::Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_strings_are_cut_on_char_boundaries() {
+        assert_eq!(cut("abc", 10), "abc");
+        assert_eq!(cut("abcdef", 3), "abc");
+        // 'é' is two bytes: a cut inside it falls back before it.
+        assert_eq!(cut("aé", 2), "a");
+        assert_eq!(cut("", 0), "");
+    }
 }
