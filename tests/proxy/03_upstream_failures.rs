@@ -1,6 +1,7 @@
 //! The upstream times out, answers 5xx or is not there: the proxy answers
-//! 504/502 with a JSON error naming the idempotency key, counts it, and
-//! releases the twin, so the next request flows.
+//! 504/502 with a JSON error naming the idempotency key, counts it,
+//! records the failure in the twin's history, and releases the twin, so
+//! the next request flows.
 
 use serde_json::json;
 
@@ -103,13 +104,36 @@ async fn timeout_and_5xx_answer_504_and_502_and_release_the_twin() {
     );
     // The retry was admitted again as a duplicate of its first admission.
     assert_eq!(metric(&proxy.url, "palisade_proxy_retried_total").await, 1);
+    // The history: four admissions (the retry is the first one's
+    // duplicate) and a failure record for each failed request, after its
+    // admission, naming its key and what happened.
     let events = store.get("/v1/twins/part-3/events").await;
+    let list = events.body["events"].as_array().unwrap();
+    let kinds: Vec<&str> = list.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
-        events.body["events"].as_array().unwrap().len(),
-        4,
+        kinds,
+        [
+            "palisade.proxy.admitted",
+            "palisade.proxy.upstream_failed",
+            "palisade.proxy.admitted",
+            "palisade.proxy.admitted",
+            "palisade.proxy.upstream_failed",
+            "palisade.proxy.admitted",
+        ],
         "{:?}",
         events.body
     );
+    let timeout = &list[1]["patch"]["palisade_proxy"];
+    assert_eq!(timeout["idempotency_key"], key.as_str());
+    assert_eq!(timeout["upstream_failure"], "timeout");
+    let failed = &list[4]["patch"]["palisade_proxy"];
+    assert_eq!(failed["upstream_failure"], "status");
+    assert_eq!(failed["upstream_status"], 500);
+    // The twin's state shows the last request, with no stale failure.
+    let state = store.twin("part-3").await;
+    let last = &state.body["state"]["palisade_proxy"];
+    assert_eq!(last["request_id"], "r-4", "{:?}", state.body);
+    assert!(last.get("upstream_failure").is_none(), "{last}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

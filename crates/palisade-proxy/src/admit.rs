@@ -20,6 +20,8 @@ use serde_json::{json, Map, Value};
 
 /// The event type of an admission record in the twin's history.
 pub const ADMITTED_TYPE: &str = "palisade.proxy.admitted";
+/// The event type recording that an admitted request's upstream failed.
+pub const FAILED_TYPE: &str = "palisade.proxy.upstream_failed";
 /// The key under which an admission record's patch describes the request.
 pub const PATCH_KEY: &str = "palisade_proxy";
 /// Longest request path kept in an admission record.
@@ -93,6 +95,9 @@ impl Admission<'_> {
                 "body_sha256": self.body_sha256,
                 "request_id": request_id,
                 "idempotency_key": self.key,
+                // Cleared: they describe an earlier request's failure.
+                "upstream_failure": null,
+                "upstream_status": null,
             }),
         );
         m
@@ -100,13 +105,47 @@ impl Admission<'_> {
 }
 
 impl Admitter {
+    /// Admit the request: the fenced append of its admission record.
     pub async fn admit(&self, a: &Admission<'_>) -> Result<Admitted, Refused> {
+        self.append(a, a.key.to_owned(), ADMITTED_TYPE, a.patch())
+            .await
+    }
+
+    /// Record, in the twin's history, that an admitted request's upstream
+    /// failed (`kind`: timeout, connect, status): its outcome is unknown
+    /// or negative, which an operator reconciling the upstream needs to
+    /// know. Under the same token and fence as the admission; event id =
+    /// the key + `-failed` (a retry that fails again is not recorded twice).
+    pub async fn record_failure(
+        &self,
+        a: &Admission<'_>,
+        kind: &str,
+        upstream_status: Option<u16>,
+    ) -> Result<(), Refused> {
+        let mut failure = Map::new();
+        failure.insert("idempotency_key".into(), json!(a.key));
+        failure.insert("upstream_failure".into(), json!(kind));
+        failure.insert("upstream_status".into(), json!(upstream_status));
+        let mut patch = Map::new();
+        patch.insert(PATCH_KEY.into(), Value::Object(failure));
+        self.append(a, format!("{}-failed", a.key), FAILED_TYPE, patch)
+            .await
+            .map(|_| ())
+    }
+
+    async fn append(
+        &self,
+        a: &Admission<'_>,
+        event_id: String,
+        event_type: &str,
+        patch: Map<String, Value>,
+    ) -> Result<Admitted, Refused> {
         match self {
             Self::Embedded(store) => {
                 let event = NewEvent {
-                    event_id: a.key.to_owned(),
-                    event_type: ADMITTED_TYPE.into(),
-                    patch: a.patch(),
+                    event_id,
+                    event_type: event_type.into(),
+                    patch,
                     hlc: None,
                 };
                 match store
@@ -144,9 +183,9 @@ impl Admitter {
                     .pop_if_empty()
                     .extend(["v1", "twins", a.twin.as_str(), "events"]);
                 let body = json!({
-                    "event_id": a.key,
-                    "type": ADMITTED_TYPE,
-                    "patch": Value::Object(a.patch()),
+                    "event_id": event_id,
+                    "type": event_type,
+                    "patch": Value::Object(patch),
                 });
                 let mut req = http
                     .post(url)

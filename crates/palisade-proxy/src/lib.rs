@@ -439,7 +439,7 @@ impl Proxy {
                 );
             }
         }
-        let mut resp = self
+        let (mut resp, failed) = self
             .forward(
                 &parts.method,
                 &path_q,
@@ -450,6 +450,18 @@ impl Proxy {
                 &key,
             )
             .await;
+        if let Some((kind, status)) = failed {
+            // Still under the twin's lock: the record follows the admission.
+            if let Err(r) = self.admitter.record_failure(&admission, kind, status).await {
+                warn!(
+                    twin = twin.as_str(),
+                    token = token.0,
+                    key,
+                    reason = r.reason,
+                    "the upstream failure could not be recorded in the twin's history"
+                );
+            }
+        }
         drop(guard);
         if let Ok(v) = HeaderValue::from_str(&key) {
             resp.headers_mut().insert("idempotency-key", v);
@@ -490,7 +502,7 @@ impl Proxy {
         twin: &TwinId,
         token: FencingToken,
         key: &str,
-    ) -> Response {
+    ) -> (Response, Option<(&'static str, Option<u16>)>) {
         let url = format!("{}{path_q}", self.upstream);
         let named_by_connection: Vec<String> = headers
             .get_all(header::CONNECTION)
@@ -525,7 +537,7 @@ impl Proxy {
                     url,
                     "upstream timed out"
                 );
-                error_response(
+                let r = error_response(
                     StatusCode::GATEWAY_TIMEOUT,
                     "upstream_timeout",
                     &format!(
@@ -534,17 +546,19 @@ impl Proxy {
                         self.timeout.as_millis()
                     ),
                     details,
-                )
+                );
+                (r, Some(("timeout", None)))
             }
             Ok(Err(e)) => {
                 self.metrics.upstream_failed("connect");
                 warn!(twin = twin.as_str(), token = token.0, key, url, error = %e, "upstream failed");
-                error_response(
+                let r = error_response(
                     StatusCode::BAD_GATEWAY,
                     "upstream_unreachable",
                     &format!("the upstream could not be reached or cut the answer off: {e}"),
                     details,
-                )
+                );
+                (r, Some(("connect", None)))
             }
             Ok(Ok((status, _, _))) if status.is_server_error() => {
                 self.metrics.upstream_failed("status");
@@ -558,12 +572,13 @@ impl Proxy {
                 );
                 let mut d = details;
                 d["upstream_status"] = json!(status.as_u16());
-                error_response(
+                let r = error_response(
                     StatusCode::BAD_GATEWAY,
                     "upstream_failed",
                     &format!("the upstream answered {status}"),
                     d,
-                )
+                );
+                (r, Some(("status", Some(status.as_u16()))))
             }
             Ok(Ok((status, up_headers, bytes))) => {
                 self.metrics.forwarded();
@@ -574,7 +589,7 @@ impl Proxy {
                         h.append(name.clone(), value.clone());
                     }
                 }
-                resp
+                (resp, None)
             }
         }
     }
