@@ -388,23 +388,22 @@ impl Proxy {
         let body = match axum::body::to_bytes(Body::new(body), self.max_body).await {
             Ok(b) => b,
             Err(e) => {
-                let r = error_response(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    &format!(
-                        "the request body could not be read within {} bytes: {e}",
-                        self.max_body
-                    ),
-                    serde_json::Value::Null,
-                );
-                return self.refuse(
-                    &method,
-                    &path,
-                    Some(&twin),
-                    Some(token),
-                    "body_too_large",
-                    r,
-                );
+                // http-body-util's limit error, seen through axum's wrapper.
+                let (status, name, message) = if format!("{e:?}").contains("LengthLimitError") {
+                    (
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "body_too_large",
+                        format!("the request body is over {} bytes", self.max_body),
+                    )
+                } else {
+                    (
+                        StatusCode::BAD_REQUEST,
+                        "bad_body",
+                        format!("the request body could not be read: {e}"),
+                    )
+                };
+                let r = error_response(status, name, &message, serde_json::Value::Null);
+                return self.refuse(&method, &path, Some(&twin), Some(token), name, r);
             }
         };
         let request_id = request_id(&parts.headers);
