@@ -255,6 +255,20 @@ fn bad_settings_refuse_to_start() {
             Some(1),
             "at least 1",
         ),
+        (
+            vec![
+                "--data",
+                data,
+                "--scope-path",
+                "/api/{twin}",
+                up[0],
+                up[1],
+                "--store-listen",
+                "0.0.0.0:0",
+            ],
+            Some(1),
+            "loopback only",
+        ),
     ] {
         let (got, stdout, stderr) = run(&args);
         assert_eq!(got, code, "{args:?}: {stderr}");

@@ -154,6 +154,21 @@ pub async fn run(
     if args.upstream_timeout_ms == 0 {
         bail!("--upstream-timeout-ms must be at least 1");
     }
+    let store_listen: Option<SocketAddr> = match &args.store_listen {
+        Some(a) => {
+            let addr: SocketAddr = a
+                .parse()
+                .with_context(|| format!("--store-listen {a:?} is not an address:port"))?;
+            if !addr.ip().is_loopback() {
+                bail!(
+                    "--store-listen {addr}: the embedded store's API is served on loopback only \
+                     (it has no authentication)"
+                );
+            }
+            Some(addr)
+        }
+        None => None,
+    };
     let (closing_tx, closing) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -168,14 +183,11 @@ pub async fn run(
                 Store::open(dir, StoreConfig::default())
                     .with_context(|| format!("cannot open the store in {}", dir.display()))?,
             );
-            if let Some(addr) = &args.store_listen {
+            if let Some(addr) = store_listen {
                 let l = TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on --store-listen {addr}"))?;
                 let local = l.local_addr()?;
-                if !local.ip().is_loopback() {
-                    bail!("--store-listen {local}: the embedded store's API is served on loopback only (no authentication)");
-                }
                 println!("palisade store listening on http://{local}");
                 store_task = Some(tokio::spawn(palisade_http::run(
                     l,
