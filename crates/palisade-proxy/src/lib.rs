@@ -4,7 +4,7 @@
 //! Each request names its twin by the scope rule (`scope.rs`: a path
 //! pattern or a header) and carries `Fencing-Token`. Under the twin's lock
 //! (`locks.rs`), the proxy asks the store to admit a fenced append of an
-//! admission record (`admit.rs`, decision 0026); only if the store admits
+//! admission record (`admit.rs`, decision 0027); only if the store admits
 //! it is the request forwarded, without its token and with an
 //! `Idempotency-Key` derived from twin, token and the caller's request id.
 //! The lock is held until the upstream answered or the upstream timeout
