@@ -1,6 +1,6 @@
 //! Admission: a request goes on only if the store admits a fenced append
 //! with its token on its twin, now. The append IS the admission (decision
-//! 0026): an event of the reserved type [`ADMITTED_TYPE`] whose id is the
+//! 0027): an event of the reserved type [`ADMITTED_TYPE`] whose id is the
 //! request's idempotency key, through the store's normal commit, so the
 //! check is the store's own (same fence, same `>=`, token issued and
 //! covering the twin, owned by the caller when auth is on), the record is
