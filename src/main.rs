@@ -1,7 +1,7 @@
 //! The `palisade` binary: parses the command line and hands each command to
 //! the crate that owns it (`docs/architecture.md`): `serve` to
 //! `palisade-server`, the client commands to `palisade-cli`, `dev-kafka` to
-//! `palisade-devtools`, `bench` to `palisade-bench`.
+//! `palisade-devtools`, `bench` to `palisade-bench`, `proxy` to `palisade-proxy`.
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use palisade_bench::BenchConfig;
@@ -61,6 +61,14 @@ enum Command {
     /// writes a JSON result file and SVG plots; exits non-zero if a request
     /// failed unexpectedly or the churn scenario found a stale write in the log.
     Bench(BenchConfig),
+    /// A fencing reverse proxy in front of an HTTP API that cannot check
+    /// tokens: each request is admitted by the store's fence (a durable,
+    /// fenced append to its twin) before it is forwarded (docs/proxy.md).
+    ///
+    /// Prints `palisade proxy listening on URL` as its last line once ready
+    /// (after `palisade store listening on URL` with --store-listen), then
+    /// runs until SIGTERM or Ctrl-C.
+    Proxy(palisade_proxy::ProxyArgs),
 }
 
 #[tokio::main]
@@ -85,6 +93,7 @@ async fn main() -> std::process::ExitCode {
         Command::Publish(cfg) => palisade_cli::publish::publish(cfg).await,
         Command::Bench(cfg) => palisade_bench::run(cfg).await,
         Command::Auth(cmd) => palisade_cli::auth::auth_command(cmd),
+        Command::Proxy(args) => palisade_proxy::run(args, palisade_server::shutdown_signal()).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -88,6 +88,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "palisade-devtools",
         &["palisade-client", "palisade-core", "palisade-kafka"],
     ),
+    // `palisade proxy` (docs/proxy.md): the store's fence through its
+    // embedded log or a remote store's HTTP API; the store's error bodies.
+    (
+        "palisade-proxy",
+        &["palisade-core", "palisade-http", "palisade-log"],
+    ),
     (
         "palisade",
         &[
@@ -98,6 +104,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "palisade-http",
             "palisade-lease",
             "palisade-log",
+            "palisade-proxy",
             "palisade-server",
             "palisade-twin",
         ],
