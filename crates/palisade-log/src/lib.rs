@@ -46,6 +46,7 @@
 //! ```
 
 mod audit;
+pub mod backup;
 mod batch;
 mod cache;
 mod clock;
