@@ -168,6 +168,16 @@ async fn a_backup_under_load_restores_every_acknowledged_event_and_fences_old_to
     assert_eq!(std::fs::read(busy.join("keep.txt")).unwrap(), b"mine");
     assert_eq!(std::fs::read_dir(&busy).unwrap().count(), 1);
 
+    // --fence-at is for etcd-backed stores only (this one is embedded).
+    let r = restore(
+        &backup_dir,
+        &dir.path().join("fence-at"),
+        &["--fence-at", "99"],
+    );
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stdout.contains("etcd"), "{r:?}");
+    assert!(!dir.path().join("fence-at").exists());
+
     // The restore.
     let restored_dir = dir.path().join("restored");
     let done = restore(&backup_dir, &restored_dir, &[]).json();
