@@ -1038,6 +1038,121 @@ mod tests {
         }
     }
 
+    /// A backup folder of a one-partition store with `records` after the
+    /// info record, written as `palisade backup` writes it.
+    fn write_backup(dir: &Path, info: &Info, records: &[(u32, Vec<u8>, Vec<u8>)]) {
+        let mut data = DATA_MAGIC.to_vec();
+        encode_record(
+            &mut data,
+            INFO_TREE,
+            b"info",
+            info.to_json().to_string().as_bytes(),
+        );
+        for (t, k, v) in records {
+            encode_record(&mut data, *t, k, v);
+        }
+        let manifest = json!({
+            "palisade_backup": BACKUP_FORMAT,
+            "data_file": DATA_FILE,
+            "data_bytes": data.len(),
+            "data_sha256": hex(&Sha256::digest(&data)),
+            "records": records.len() + 1,
+            "info": info.to_json(),
+        });
+        let mut w = FolderWriter::create(dir).unwrap();
+        w.data(&data).unwrap();
+        w.finish(manifest.to_string().as_bytes()).unwrap();
+    }
+
+    /// A backup of a store whose tokens come from etcd: partition fence 40,
+    /// a twin fenced at 41 and the grant of token 41.
+    fn etcd_backup(dir: &Path) {
+        let info = Info {
+            layout: keys::LAYOUT_VERSION,
+            partitions: 1,
+            heads: vec![0],
+            last_token: 0,
+            lease_backend: "etcd".into(),
+            taken_at_ms: 1,
+            audit_through: 0,
+            refusals_through: vec![0],
+            pause_us: 1,
+        };
+        let meta = PartitionMeta {
+            fence: 40,
+            head: 0,
+            max_hlc: None,
+        };
+        let twin = TwinRecord {
+            fence: 41,
+            ..TwinRecord::default()
+        };
+        let mut grant = vec![keys::GRANT];
+        grant.extend_from_slice(&41u64.to_be_bytes());
+        write_backup(
+            dir,
+            &info,
+            &[
+                (
+                    TreeId::META.0,
+                    b"format".to_vec(),
+                    vec![keys::LAYOUT_VERSION],
+                ),
+                (
+                    TreeId::META.0,
+                    b"partitions".to_vec(),
+                    1u32.to_be_bytes().to_vec(),
+                ),
+                (TreeId::META.0, b"lease_backend".to_vec(), b"etcd".to_vec()),
+                (0, keys::META_KEY.to_vec(), codec::encode(&meta)),
+                (0, grant, vec![1]),
+                (0, vec![keys::TWIN, 0, 1, b'a'], codec::encode(&twin)),
+            ],
+        );
+    }
+
+    #[test]
+    fn an_etcd_backup_needs_fence_at_and_gets_every_fence_raised_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("b");
+        etcd_backup(&from);
+        let to = dir.path().join("r");
+        let opts = |fence_at| RestoreOptions {
+            token_jump: DEFAULT_TOKEN_JUMP,
+            fence_at,
+        };
+        let e = restore(&from, &to, &opts(None), &mut |_, _| {}).unwrap_err();
+        assert!(e.to_string().contains("--fence-at"), "{e}");
+        // Below a token the backup shows was issued (the grant of 41).
+        let e = restore(&from, &to, &opts(Some(40)), &mut |_, _| {}).unwrap_err();
+        assert!(e.to_string().contains("below token 41"), "{e}");
+        assert!(!to.exists());
+        let done = restore(&from, &to, &opts(Some(500)), &mut |_, _| {}).unwrap();
+        assert_eq!(done.fence, 500);
+        let db = sled::open(&to).unwrap();
+        let p = db.open_tree("partition/00000").unwrap();
+        let meta: PartitionMeta = codec::decode(&p.get(keys::META_KEY).unwrap().unwrap()).unwrap();
+        assert_eq!(meta.fence, 500);
+        let twin: TwinRecord =
+            codec::decode(&p.get([keys::TWIN, 0, 1, b'a']).unwrap().unwrap()).unwrap();
+        assert_eq!(twin.fence, 500);
+        // etcd's counter is not the store's: the embedded one is left alone.
+        assert!(db
+            .open_tree("leases")
+            .unwrap()
+            .get([LEASE_COUNTER])
+            .unwrap()
+            .is_none());
+        assert_eq!(
+            db.open_tree("meta")
+                .unwrap()
+                .get(b"lease_backend")
+                .unwrap()
+                .as_deref(),
+            Some(&b"etcd"[..])
+        );
+    }
+
     #[test]
     fn a_record_is_the_wal_put_op() {
         let mut r = Vec::new();
