@@ -70,6 +70,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "palisade-client",
             "palisade-core",
             "palisade-kafka",
+            "palisade-log",
             "palisade-server",
         ],
     ),

@@ -321,6 +321,28 @@ async fn every_principal_can_do_what_its_roles_grant_and_nothing_else() {
         "unauthenticated"
     );
 
+    // A backup (the whole store, streamed): `admin` on admin/backup only.
+    for (who, status, error) in [
+        ("ops", 200, ""),
+        ("reader", 403, "forbidden"),
+        ("worker-a", 403, "forbidden"),
+    ] {
+        row!(
+            format!("{who} POST /v1/admin/backup"),
+            s.call(Some(who), Method::POST, "/v1/admin/backup", None, &[])
+                .await,
+            status,
+            error
+        );
+    }
+    row!(
+        "no key: POST /v1/admin/backup",
+        s.call(None, Method::POST, "/v1/admin/backup", None, &[])
+            .await,
+        401,
+        "unauthenticated"
+    );
+
     // Public: health, the API document, the operator page (it reads the API
     // with the same rules).
     for path in ["/healthz", "/v1/openapi.json", "/"] {

@@ -25,12 +25,15 @@ use palisade_client::ClientError;
 use serde_json::{json, Value};
 
 pub mod auth;
+mod backup;
 mod commands;
 mod config_check;
+mod progress;
 pub mod publish;
 mod tail;
 mod transfer;
 
+pub use backup::{BackupArgs, RestoreArgs};
 pub use transfer::{ExportArgs, ImportArgs};
 
 /// The exit codes of every `palisade` command (shown by `palisade --help`).
@@ -73,6 +76,13 @@ pub enum CliCommand {
     /// Append the events of an export to a store, twin by twin in their
     /// exported order, with their event ids and HLCs (safe to run again).
     Import(ImportArgs),
+    /// Take an online backup of a running store into a new folder: a point
+    /// in time with its events, twins, fences, token counter, Kafka offsets,
+    /// audit log and refusals (docs/backup.md).
+    Backup(BackupArgs),
+    /// Build a new store folder from a backup (offline), raising the token
+    /// counter and every fence past any token issued before (docs/backup.md).
+    Restore(RestoreArgs),
 }
 
 /// Where the store is and how to print.
@@ -293,6 +303,8 @@ impl CliCommand {
             Self::Config(ConfigCommand::Check(a)) => a.json,
             Self::Export(a) => a.conn.json,
             Self::Import(a) => a.conn.json,
+            Self::Backup(a) => a.conn.json,
+            Self::Restore(a) => a.json,
         }
     }
 }
@@ -317,6 +329,8 @@ pub async fn run(cmd: CliCommand, top: &ArgMatches) -> ExitCode {
         CliCommand::Config(ConfigCommand::Check(a)) => config_check::check(&a),
         CliCommand::Export(a) => transfer::export(a).await,
         CliCommand::Import(a) => transfer::import(a).await,
+        CliCommand::Backup(a) => backup::backup(a).await,
+        CliCommand::Restore(a) => backup::restore(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,7 @@
 //! store acknowledges a known event id without appending it.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufWriter, IsTerminal, Write};
+use std::io::{BufRead, BufWriter, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +22,7 @@ use palisade_core::{partition_for, TwinId};
 use serde::{Deserialize, Serialize};
 
 use crate::commands::Session;
+use crate::progress::Progress;
 use crate::{out, Conn, Failure};
 
 /// Format version of the export's first line.
@@ -140,7 +141,7 @@ pub(crate) async fn export(a: ExportArgs) -> Result<(), Failure> {
     };
     serde_json::to_writer(&mut w, &header).map_err(|e| io(e.into()))?;
     w.write_all(b"\n").map_err(io)?;
-    let mut progress = Progress::new("export", total, a.to.as_os_str() != "-");
+    let mut progress = Progress::new("export", "events", total, a.to.as_os_str() != "-");
     let mut written = 0u64;
     for (&p, &head) in &chosen {
         let mut after = 0;
@@ -267,7 +268,7 @@ pub(crate) async fn import(a: ImportArgs) -> Result<(), Failure> {
         return Err(Failure::Unexpected("the store lists no partitions".into()));
     }
     let total = lines.len() as u64;
-    let mut progress = Progress::new("import", total, true);
+    let mut progress = Progress::new("import", "events", total, true);
     let mut held: BTreeMap<u32, Held> = BTreeMap::new();
     let (mut stored, mut duplicates, mut done) = (0u64, 0u64, 0u64);
     let mut twins: HashSet<&str> = HashSet::new();
@@ -356,84 +357,4 @@ async fn lease_for(
         },
     );
     Ok(g.token)
-}
-
-/// Progress of long work on stderr: a bar with rate and ETA redrawn in
-/// place on a terminal, a plain line every few seconds otherwise.
-struct Progress {
-    what: &'static str,
-    total: u64,
-    done: u64,
-    started: Instant,
-    last: Instant,
-    tty: bool,
-    /// Off when stdout carries the data and stderr is the same terminal.
-    on: bool,
-}
-
-impl Progress {
-    fn new(what: &'static str, total: u64, on: bool) -> Self {
-        let now = Instant::now();
-        Self {
-            what,
-            total,
-            done: 0,
-            started: now,
-            last: now,
-            tty: std::io::stderr().is_terminal(),
-            on,
-        }
-    }
-
-    fn set(&mut self, done: u64) {
-        self.done = done;
-        let every = if self.tty {
-            Duration::from_millis(100)
-        } else {
-            Duration::from_secs(5)
-        };
-        if self.on && self.last.elapsed() >= every {
-            self.last = Instant::now();
-            self.draw();
-        }
-    }
-
-    fn draw(&self) {
-        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-        #[allow(clippy::cast_precision_loss)]
-        let (done, total) = (self.done as f64, self.total.max(1) as f64);
-        let rate = done / secs;
-        let eta = if rate > 0.0 {
-            format!("{:.0}s", (total - done).max(0.0) / rate)
-        } else {
-            "?".into()
-        };
-        if self.tty {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let filled = ((done / total) * 30.0).min(30.0) as usize;
-            eprint!(
-                "\r{} [{}{}] {}/{} events, {rate:.0}/s, ETA {eta}   ",
-                self.what,
-                "#".repeat(filled),
-                ".".repeat(30 - filled),
-                self.done,
-                self.total
-            );
-        } else {
-            eprintln!(
-                "{}: {}/{} events, {rate:.0}/s, ETA {eta}",
-                self.what, self.done, self.total
-            );
-        }
-    }
-
-    fn finish(&mut self) {
-        if self.on {
-            self.done = self.total.max(self.done);
-            self.draw();
-            if self.tty {
-                eprintln!();
-            }
-        }
-    }
 }

@@ -8,6 +8,7 @@
 //! from the handlers (`openapi.rs`) and served at `/v1/openapi.json`.
 
 mod audit_api;
+mod backup_api;
 mod caller;
 pub mod cluster;
 mod conn;

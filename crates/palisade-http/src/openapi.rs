@@ -57,6 +57,7 @@ use crate::wire;
         crate::routes::partition_refusals,
         crate::routes::dead_letters,
         crate::audit_api::audit,
+        crate::backup_api::backup,
     ),
     components(schemas(
         wire::EventIn,

@@ -21,7 +21,7 @@ use crate::{Appended, Store};
 /// Meta key naming the lease authority a store's tokens come from. Tokens of
 /// two authorities are two unrelated counters: mixing them in one store
 /// would let a token number mean two grants, so a store keeps one.
-const LEASE_BACKEND_KEY: &[u8] = b"lease_backend";
+pub(crate) const LEASE_BACKEND_KEY: &[u8] = b"lease_backend";
 
 /// Why a store cannot use the lease authority it was given.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

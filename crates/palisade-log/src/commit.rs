@@ -843,6 +843,9 @@ pub(crate) fn sync_sled_files(
     Ok(())
 }
 
+/// A start-up replay logs its progress this often.
+const REPLAY_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Replay what the log holds into sled on open, make it durable, and delete
 /// the log. Returns the next round number and how many rounds were replayed.
 pub(crate) fn recover(
@@ -854,11 +857,36 @@ pub(crate) fn recover(
     let rec = wal::recover(wal_dir)?;
     let next = rec.rounds.last().map_or(1, |(r, _)| r + 1);
     let replayed = rec.rounds.len();
-    for (round, payload) in &rec.rounds {
+    let bytes: usize = rec.rounds.iter().map(|(_, p)| p.len()).sum();
+    if replayed > 0 {
+        info!(
+            rounds = replayed,
+            bytes, "replaying the write-ahead log into sled"
+        );
+    }
+    // Progress of a long replay: a line every few seconds.
+    let started = std::time::Instant::now();
+    let mut last_line = started;
+    for (i, (round, payload)) in rec.rounds.iter().enumerate() {
         trees.apply(payload).map_err(|f| RecoverError::Apply {
             round: *round,
             failure: f,
         })?;
+        if last_line.elapsed() >= REPLAY_PROGRESS_EVERY {
+            last_line = std::time::Instant::now();
+            let secs = started.elapsed().as_secs_f64().max(1e-3);
+            #[allow(clippy::cast_precision_loss)]
+            let rate = (i + 1) as f64 / secs;
+            #[allow(clippy::cast_precision_loss)]
+            let eta_s = (replayed - i - 1) as f64 / rate.max(1e-9);
+            info!(
+                done = i + 1,
+                total = replayed,
+                rounds_per_s = rate.round(),
+                eta_s = eta_s.round(),
+                "replaying the write-ahead log"
+            );
+        }
     }
     if rec.torn_bytes > 0 {
         warn!(

@@ -47,6 +47,7 @@
 //! ```
 
 mod audit;
+pub mod backup;
 mod batch;
 mod cache;
 mod clock;

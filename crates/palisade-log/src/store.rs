@@ -227,7 +227,9 @@ impl Store {
         };
         let wal_dir = path.join(WAL_DIR);
         // The log of a layout-2 store holds layout-2 ops: replay it first.
-        let (next_round, _replayed) = crate::commit::recover(&db, path, &wal_dir, &trees)?;
+        let replay_started = Instant::now();
+        let (next_round, replayed) = crate::commit::recover(&db, path, &wal_dir, &trees)?;
+        let replay_time = replay_started.elapsed();
         if found_layout == crate::keys::LAYOUT_2 {
             crate::migrate::from_layout_2(&db, path, &trees, FORMAT_KEY)?;
         } else if found_layout == crate::keys::PREVIOUS_LAYOUT_VERSION {
@@ -251,6 +253,20 @@ impl Store {
         let authority = Arc::new(Mutex::new(authority));
         let clock = Arc::new(Clock::new(config.max_drift));
         let metrics = Arc::new(Metrics::default());
+        // What the start-up replay did (it ends before the store serves, so
+        // these are the finished figures, not live progress).
+        metrics.set_gauge(
+            "palisade_wal_replay_rounds",
+            "Write-ahead log rounds replayed into sled when the store opened.",
+            &[],
+            replayed as f64,
+        );
+        metrics.set_gauge(
+            "palisade_wal_replay_seconds",
+            "How long the start-up replay of the write-ahead log took.",
+            &[],
+            replay_time.as_secs_f64(),
+        );
         let rejections = Arc::new(RejectionLog::default());
         let refusals = Arc::new(
             RefusalJournal::open(

@@ -157,9 +157,21 @@ pub(crate) enum Command {
         writes: Vec<RawWrite>,
         reply: Option<oneshot::Sender<Result<(), StorageFailure>>>,
     },
+    /// Backup (`backup.rs`): make everything decided before durable and
+    /// applied to sled, answer `paused`, then decide nothing until `resume`
+    /// says so (or its sender is dropped, or [`MAX_PAUSE`] passes).
+    Pause {
+        paused: std::sync::mpsc::Sender<Result<(), StorageFailure>>,
+        resume: std::sync::mpsc::Receiver<()>,
+    },
     /// Finish everything queued before, then stop.
     Stop,
 }
+
+/// Longest a [`Command::Pause`] holds the sequencer: a backup whose copy of
+/// the mutable keys takes longer than this loses its point in time
+/// (`backup.rs` checks) rather than stopping writes for good.
+pub(crate) const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the sequencer shares with the store.
 #[derive(Debug)]
@@ -278,6 +290,14 @@ impl Sequencer {
                     stop = true;
                     break;
                 }
+                if let Command::Pause { paused, resume } = cmd {
+                    self.pause(&paused, &resume);
+                    n += 1;
+                    if n < MAX_DRAIN {
+                        next = rx.try_recv().ok();
+                    }
+                    continue;
+                }
                 self.decide(cmd);
                 if self.open.ops.bytes() >= MAX_ROUND_BYTES {
                     self.close_round();
@@ -294,6 +314,39 @@ impl Sequencer {
 
     fn failure(&self) -> Option<StorageFailure> {
         self.shared.commit.health.failure().cloned()
+    }
+
+    /// Stop at a round boundary for a backup: close the open round, then a
+    /// round holding only an acknowledgement, which the committer answers
+    /// once it and every round before it are synced and applied to sled.
+    /// Then sled holds exactly what was decided; nothing more is decided
+    /// until the backup resumes us.
+    fn pause(
+        &mut self,
+        paused: &std::sync::mpsc::Sender<Result<(), StorageFailure>>,
+        resume: &std::sync::mpsc::Receiver<()>,
+    ) {
+        self.close_round();
+        if let Some(f) = self.failure() {
+            let _ = paused.send(Err(f));
+            return;
+        }
+        let (applied_tx, applied_rx) = std::sync::mpsc::channel();
+        self.open.ack(Box::new(move |outcome| {
+            let _ = applied_tx.send(outcome.map_err(StorageFailure::clone));
+        }));
+        self.close_round();
+        let outcome = applied_rx.recv().unwrap_or_else(|_| {
+            Err(StorageFailure::new(
+                "commit",
+                std::io::ErrorKind::BrokenPipe,
+                "the commit threads are gone".into(),
+            ))
+        });
+        let ok = outcome.is_ok();
+        if paused.send(outcome).is_ok() && ok {
+            let _ = resume.recv_timeout(MAX_PAUSE);
+        }
     }
 
     /// Send the open round to the committer (if it holds anything).
@@ -557,7 +610,8 @@ impl Sequencer {
                     self.open.ack(ack(reply, Ok(()), std::convert::identity));
                 }
             }
-            Command::Stop => {}
+            // Handled by `run` before it decides anything.
+            Command::Pause { .. } | Command::Stop => {}
         }
     }
 
@@ -755,6 +809,7 @@ fn refuse(cmd: Command, f: &StorageFailure) {
                 let _ = r.send(Err(f.clone()));
             }
         }
+        Command::Pause { paused, .. } => drop(paused.send(Err(f.clone()))),
         Command::Stop => {}
     }
 }
