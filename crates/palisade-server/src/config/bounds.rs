@@ -28,6 +28,10 @@ pub const MAX_BODY_BYTES: RangeInclusive<u64> = 1024..=palisade_core::codec::MAX
 pub const MAX_BATCH_EVENTS: RangeInclusive<u64> = 1..=100_000;
 /// Twin snapshot period: a time-travel read replays up to this many events.
 pub const SNAPSHOT_EVERY: RangeInclusive<u64> = 1..=1_000_000;
+/// Outbox delivery tries per effect.
+pub const OUTBOX_MAX_ATTEMPTS: RangeInclusive<u64> = 1..=1_000;
+/// Outbox waits and timeouts, in milliseconds (up to an hour).
+pub const OUTBOX_BACKOFF_MS: RangeInclusive<u64> = 1..=3_600_000;
 /// sled's page cache in MiB: sled panics below 256 bytes, and the value is
 /// shifted into bytes (1 TiB leaves room in a u64).
 pub const CACHE_MB: RangeInclusive<u64> = 1..=1 << 20;
