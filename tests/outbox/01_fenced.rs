@@ -63,6 +63,13 @@ async fn admitted_effects_are_delivered_once_in_order_and_a_stale_writers_never_
         .await;
     assert_eq!(r.status, 409, "{:?}", r.body);
     assert_eq!(r.body["error"], "stale_token");
+    // The refusal is answered once its round is durable: had the round
+    // recorded the effects, they would be listed now.
+    let now = outbox(&c, "").await;
+    assert!(
+        now.iter().all(|e| e["event_id"] != "stale-1"),
+        "a refused append's effects were recorded: {now:#?}"
+    );
 
     // B's last event: delivered after anything recorded before it (one
     // partition dispatches in order), so once it arrived a stale effect,
