@@ -1,0 +1,115 @@
+#![allow(clippy::unwrap_used)]
+//! The fenced outbox's read side sees only what is durable: while the
+//! commit round holding an event and its effects waits for its
+//! `fdatasync` (held by a test hook), neither `outbox_list` nor
+//! `outbox_pending` (what the dispatcher reads) shows the effects; once the
+//! round is synced and applied they are there. `docs/outbox.md`.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use palisade_core::effect::{Effect, EffectKind};
+use palisade_core::{NewEvent, Scope, TwinId};
+use palisade_lease::AcquireRequest;
+use palisade_log::{CommitHooks, Store, StoreConfig};
+
+#[derive(Debug, Default)]
+struct Gate {
+    state: Mutex<(bool, bool)>, // (hold, holding)
+    changed: Condvar,
+}
+
+impl CommitHooks for Gate {
+    fn before_sync(&self, _rounds: std::ops::RangeInclusive<u64>) -> std::io::Result<()> {
+        let mut s = self.state.lock().unwrap();
+        if s.0 {
+            s.1 = true;
+            self.changed.notify_all();
+            while s.0 {
+                s = self.changed.wait(s).unwrap();
+            }
+            s.1 = false;
+        }
+        Ok(())
+    }
+}
+
+impl Gate {
+    fn hold(&self, on: bool) {
+        self.state.lock().unwrap().0 = on;
+        self.changed.notify_all();
+    }
+
+    fn wait_holding(&self) {
+        let s = self.state.lock().unwrap();
+        let (s, t) = self
+            .changed
+            .wait_timeout_while(s, Duration::from_secs(10), |s| !s.1)
+            .unwrap();
+        assert!(s.1 && !t.timed_out(), "no sync reached the gate");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effects_are_readable_only_once_their_round_is_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let store = Arc::new(
+        Store::open(
+            dir.path(),
+            StoreConfig {
+                partitions: Some(1),
+                hooks: Some(gate.clone()),
+                ..StoreConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let twin = TwinId::new("fan-1").unwrap();
+    let lease = store
+        .acquire(AcquireRequest {
+            scope: Scope::Twin(twin.clone()),
+            holder: "w".into(),
+            ttl_ms: 60_000,
+            purpose: Default::default(),
+        })
+        .await
+        .unwrap();
+    gate.hold(true);
+    let effect = Effect {
+        kind: EffectKind::Webhook,
+        url: "http://127.0.0.1:9/x".into(),
+        body: "1".into(),
+        headers: Vec::new(),
+    };
+    let append = {
+        let (store, twin) = (store.clone(), twin.clone());
+        tokio::spawn(async move {
+            let ev = NewEvent {
+                event_id: "e1".into(),
+                event_type: "t".into(),
+                patch: serde_json::Map::new(),
+                hlc: None,
+            };
+            store
+                .append_with_effects(twin, lease.token, vec![ev], vec![vec![effect]], None)
+                .await
+        })
+    };
+    let g = gate.clone();
+    tokio::task::spawn_blocking(move || g.wait_holding())
+        .await
+        .unwrap();
+    // Decided and staged, not yet synced: invisible to every reader.
+    let p = store.partition_of(&twin);
+    assert!(store.outbox_list(None, 10).unwrap().is_empty());
+    assert!(store.outbox_pending(p, None, 10).unwrap().is_empty());
+    assert!(!append.is_finished());
+    gate.hold(false);
+    let done = append.await.unwrap().unwrap();
+    let pending = store.outbox_pending(p, None, 10).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].seq, done.seqs[0]);
+    assert_eq!(pending[0].idempotency_key(), "e1:0");
+    store.close().await;
+}
