@@ -21,6 +21,9 @@ mod bad_input;
 #[path = "04_sigkill.rs"]
 mod sigkill;
 
+#[path = "05_sdk_cli.rs"]
+mod sdk_cli;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
