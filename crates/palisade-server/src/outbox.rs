@@ -96,6 +96,13 @@ impl Dispatcher {
         };
         loop {
             let found = self.drain().await;
+            if let Some(f) = self.store.failure() {
+                // Fail-stop: no delivery state can be recorded any more, so
+                // every further try would be repeated after the restart.
+                warn!(partition = %self.partition, error = %f,
+                    "outbox: the store stopped after a storage failure; this partition's dispatcher stops until the restart");
+                return;
+            }
             if !found {
                 // Woken by a durable head change (new events, maybe with
                 // effects) or the idle poll.
@@ -197,19 +204,10 @@ impl Dispatcher {
                         &[],
                         1,
                     );
-                    tokio::time::sleep(self.backoff(entry.attempts)).await;
+                    tokio::time::sleep(backoff(&self.config, entry.attempts)).await;
                 }
             }
         }
-    }
-
-    /// The wait after the `attempts`-th failed try.
-    fn backoff(&self, attempts: u32) -> Duration {
-        let shift = attempts.saturating_sub(1).min(30);
-        self.config
-            .backoff
-            .saturating_mul(1 << shift)
-            .min(self.config.backoff_max)
     }
 
     async fn post(&self, entry: &OutboxEntry) -> Result<(), String> {
@@ -235,6 +233,16 @@ impl Dispatcher {
             Err(format!("the receiver answered {status}"))
         }
     }
+}
+
+/// The wait after the `attempts`-th failed try: `backoff * 2^(attempts-1)`,
+/// at most `backoff_max`.
+fn backoff(config: &DispatchConfig, attempts: u32) -> Duration {
+    let shift = attempts.saturating_sub(1).min(30);
+    config
+        .backoff
+        .saturating_mul(1 << shift)
+        .min(config.backoff_max)
 }
 
 fn truncate(mut s: String) -> String {
@@ -275,5 +283,32 @@ pub async fn pending_gauge(store: Arc<Store>, every: Duration) {
                 n as f64,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_its_base_up_to_its_cap() {
+        let config = DispatchConfig {
+            max_attempts: 8,
+            backoff: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(1_000),
+            timeout: Duration::from_secs(1),
+        };
+        let wait = |n| backoff(&config, n).as_millis();
+        assert_eq!(
+            [1, 2, 3, 4, 5, 40].map(wait),
+            [100, 200, 400, 800, 1_000, 1_000]
+        );
+    }
+
+    #[test]
+    fn long_errors_are_cut_on_a_char_boundary() {
+        let e = truncate("é".repeat(MAX_ERROR));
+        assert!(e.len() <= MAX_ERROR && e.len() >= MAX_ERROR - 1);
+        assert_eq!(truncate("short".into()), "short");
     }
 }
