@@ -46,7 +46,30 @@ async fn failures_are_retried_then_delivered_or_dead_after_n_tries() {
     let dead = outbox(&c, "&state=dead").await;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0]["idempotency_key"], "d:0");
-    let m = c.get("/metrics").await;
-    assert_eq!(m.status, 200);
+    // The counters say the same: 3 recorded, 2 delivered, 5 failed tries
+    // (2 + 3), 1 dead.
+    let text = c
+        .http
+        .get(format!("{}/metrics", c.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let metric = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .map(|v| v.parse::<f64>().unwrap())
+    };
+    assert_eq!(
+        metric("palisade_outbox_recorded_total"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(metric("palisade_outbox_delivered_total"), Some(2.0));
+    assert_eq!(metric("palisade_outbox_failed_total"), Some(5.0));
+    assert_eq!(metric("palisade_outbox_dead_total"), Some(1.0));
+    assert!(metric("palisade_outbox_pending").is_some());
     server.terminate();
 }
