@@ -3,7 +3,8 @@
 //! commit round holding an event and its effects waits for its
 //! `fdatasync` (held by a test hook), neither `outbox_list` nor
 //! `outbox_pending` (what the dispatcher reads) shows the effects; once the
-//! round is synced and applied they are there. `docs/outbox.md`.
+//! round is synced and applied they are there. A backup keeps the outbox
+//! with its delivery states. `docs/outbox.md`.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -111,5 +112,98 @@ async fn effects_are_readable_only_once_their_round_is_synced() {
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].seq, done.seqs[0]);
     assert_eq!(pending[0].idempotency_key(), "e1:0");
+    store.close().await;
+}
+
+/// A backup carries the outbox with its delivery states (they change in
+/// place, so they are read while writes are held); the restored store lists
+/// them as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_keeps_the_outbox_and_its_delivery_states() {
+    use palisade_log::backup::{frame, restore, FolderWriter, RestoreOptions};
+    use palisade_log::DeliveryState;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        Store::open(
+            &dir.path().join("data"),
+            StoreConfig {
+                partitions: Some(2),
+                ..StoreConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let twin = TwinId::new("fan-2").unwrap();
+    let lease = store
+        .acquire(AcquireRequest {
+            scope: Scope::Twin(twin.clone()),
+            holder: "w".into(),
+            ttl_ms: 60_000,
+            purpose: Default::default(),
+        })
+        .await
+        .unwrap();
+    let effect = |n: u8| Effect {
+        kind: EffectKind::Webhook,
+        url: format!("http://127.0.0.1:9/{n}"),
+        body: n.to_string(),
+        headers: vec![("X-N".into(), n.to_string())],
+    };
+    let ev = |id: &str| NewEvent {
+        event_id: id.into(),
+        event_type: "t".into(),
+        patch: serde_json::Map::new(),
+        hlc: None,
+    };
+    store
+        .append_with_effects(
+            twin.clone(),
+            lease.token,
+            vec![ev("e1"), ev("e2")],
+            vec![vec![effect(1)], vec![effect(2)]],
+            None,
+        )
+        .await
+        .unwrap();
+    let mut first = store.outbox_list(None, 10).unwrap()[0].clone();
+    first.state = DeliveryState::Delivered;
+    first.attempts = 2;
+    store.outbox_update(&first).await.unwrap();
+    let before = store.outbox_list(None, 10).unwrap();
+
+    let to = dir.path().join("backup");
+    let s = store.clone();
+    let to2 = to.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut w = FolderWriter::create(&to2).unwrap();
+        let mut manifest = Vec::new();
+        s.backup(&mut |kind, bytes| {
+            match kind {
+                frame::DATA => w.data(bytes).unwrap(),
+                frame::MANIFEST => manifest = bytes.to_vec(),
+                _ => {}
+            }
+            Ok(())
+        })
+        .unwrap();
+        w.finish(&manifest).unwrap();
+    })
+    .await
+    .unwrap();
+    store.close().await;
+    let restored = dir.path().join("restored");
+    restore(&to, &restored, &RestoreOptions::default(), &mut |_, _| {}).unwrap();
+    let store = Store::open(
+        &restored,
+        StoreConfig {
+            partitions: Some(2),
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(store.outbox_list(None, 10).unwrap(), before);
+    assert_eq!(before.len(), 2);
+    assert_eq!(before[0].state, DeliveryState::Delivered);
     store.close().await;
 }
