@@ -94,8 +94,12 @@ impl Dispatcher {
         let Some(mut head) = self.store.watch_head(self.partition) else {
             return;
         };
+        // Everything at or before the cursor is delivered or dead: entries
+        // are only ever added at higher seqs (a new event's), so each scan
+        // starts after it instead of at the partition's first entry.
+        let mut cursor = None;
         loop {
-            let found = self.drain().await;
+            let found = self.drain(&mut cursor).await;
             if let Some(f) = self.store.failure() {
                 // Fail-stop: no delivery state can be recorded any more, so
                 // every further try would be repeated after the restart.
@@ -112,11 +116,10 @@ impl Dispatcher {
     }
 
     /// Deliver every pending entry durable now; whether any was found.
-    async fn drain(&self) -> bool {
-        let mut after = None;
+    async fn drain(&self, cursor: &mut Option<(u64, u16)>) -> bool {
         let mut found = false;
         loop {
-            let (store, p) = (self.store.clone(), self.partition);
+            let (store, p, after) = (self.store.clone(), self.partition, *cursor);
             let batch = tokio::task::spawn_blocking(move || store.outbox_pending(p, after, BATCH))
                 .await
                 .map_err(|e| e.to_string())
@@ -134,8 +137,10 @@ impl Dispatcher {
             }
             found = true;
             for entry in batch {
-                after = Some((entry.seq, entry.index));
-                if !self.deliver(entry).await {
+                let at = (entry.seq, entry.index);
+                if self.deliver(entry).await {
+                    *cursor = Some(at);
+                } else {
                     // The store cannot record states any more (stopped or
                     // failed): stop here; what is left stays pending.
                     tokio::time::sleep(IDLE_POLL).await;
