@@ -180,6 +180,31 @@ mod tests {
         );
     }
 
+    /// Effects: kept per event (aligned with the events) by the HTTP parse,
+    /// refused by the plain one (Kafka records), `bad_effects` when bad.
+    #[test]
+    fn effects_are_parsed_beside_their_events_or_refused() {
+        let body = br#"[{"type":"t","patch":{}},
+            {"type":"t","patch":{},"effects":[{"kind":"webhook","url":"http://h/x","body":[1]}]}]"#;
+        let (events, effects) = parse_events_with_effects(body, ids).unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(effects.len(), 2);
+        assert!(effects[0].is_empty());
+        assert_eq!(effects[1][0].url, "http://h/x");
+        assert_eq!(effects[1][0].body, "[1]");
+        assert_eq!(parse_events(body, ids).unwrap_err().kind, "bad_effects");
+        // An empty list is no effect at all: the plain parse takes it.
+        let none = br#"{"type":"t","patch":{},"effects":[]}"#;
+        assert_eq!(parse_events(none, ids).unwrap().len(), 1);
+        let bad = br#"{"type":"t","patch":{},"effects":{"kind":"webhook"}}"#;
+        let e = parse_events_with_effects(bad, ids).unwrap_err();
+        assert_eq!(e.kind, "bad_effects");
+        assert!(
+            e.message.contains("event 0: effects must be an array"),
+            "{e}"
+        );
+    }
+
     /// Issue 18: messages named the Rust type (`expected struct EventJson`).
     #[test]
     fn messages_name_no_rust_type() {
