@@ -753,6 +753,21 @@ impl Store {
         Ok(out)
     }
 
+    /// How many outbox entries are in `state` (a scan of the whole outbox,
+    /// decoding each entry, keeping none).
+    pub fn outbox_count(
+        &self,
+        state: crate::outbox::DeliveryState,
+    ) -> Result<usize, crate::ReadError> {
+        let mut n = 0;
+        for kv in self.trees.outbox.iter() {
+            if decode_outbox(kv?)?.state == state {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// [`Store::outbox_list`] on tokio's blocking pool.
     pub async fn outbox_list_async(
         self: &Arc<Self>,

@@ -507,6 +507,9 @@ async fn a_layout_4_store_opens_and_gains_the_outbox_which_only_admitted_appends
             .len(),
         1
     );
+    assert_eq!(store.outbox_count(DeliveryState::Pending).unwrap(), 1);
+    assert_eq!(store.outbox_count(DeliveryState::Delivered).unwrap(), 1);
+    assert_eq!(store.outbox_count(DeliveryState::Dead).unwrap(), 0);
     store.close().await;
     drop(store);
     let db = support::sled_open(dir.path());

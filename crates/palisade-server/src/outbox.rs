@@ -274,11 +274,7 @@ pub async fn pending_gauge(store: Arc<Store>, every: Duration) {
     loop {
         tick.tick().await;
         let s = store.clone();
-        let n = tokio::task::spawn_blocking(move || {
-            s.outbox_list(Some(DeliveryState::Pending), usize::MAX)
-                .map(|l| l.len())
-        })
-        .await;
+        let n = tokio::task::spawn_blocking(move || s.outbox_count(DeliveryState::Pending)).await;
         if let Ok(Ok(n)) = n {
             #[allow(clippy::cast_precision_loss)]
             store.metrics().set_gauge(
