@@ -67,15 +67,7 @@ async fn renewal_gaps_give_a_recommended_ttl_and_flag_a_short_lease() {
     assert_eq!(a["late_renewals"], 0);
 
     // The renewals past the 20th gap were each below the advice.
-    let metrics = c
-        .http
-        .get(format!("{}/metrics", c.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics_text().await;
     let below = metrics
         .lines()
         .find_map(|l| l.strip_prefix("palisade_lease_ttl_below_advice_total "))
