@@ -58,6 +58,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ),
     ("get", "/v1/dead-letters", "/v1/dead-letters"),
     ("get", "/v1/audit", "/v1/audit"),
+    ("post", "/v1/admin/backup", "/v1/admin/backup"),
 ];
 
 struct Served {
