@@ -202,6 +202,18 @@ impl Client {
         .await
     }
 
+    /// `/metrics` as text (Prometheus exposition format).
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn post_json(&self, path: &str, body: &Value) -> Resp {
         Self::finish(
             self.http

@@ -40,12 +40,30 @@ class LeaseLost(Exception):
     """The store said the lease is gone (410/404), or it could not be renewed before it expired."""
 
 
+class FollowOwnerRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow 307/308 for every method, with the same body and headers.
+
+    In cluster mode a node answers a request for a twin it does not own with
+    a 307 to the owner (README, "Several nodes"). urllib follows redirects
+    of GET only; a lease request or a renewal is a POST and must be sent
+    again, unchanged, to the owner.
+    """
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if code in (307, 308):
+            # req.headers: the headers the worker set (not Host, which
+            # urllib adds for each hop).
+            return urllib.request.Request(newurl, data=req.data, headers=dict(req.headers), method=req.get_method())
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class Store:
     """The three HTTP calls a worker needs, with the standard library only."""
 
     def __init__(self, url, timeout_s=10.0):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.opener = urllib.request.build_opener(FollowOwnerRedirects)
 
     def call(self, method, path, body=None):
         """(status, JSON body or None). Error statuses are answers, not exceptions."""
@@ -54,7 +72,7 @@ class Store:
         if data is not None:
             req.add_header("content-type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+            with self.opener.open(req, timeout=self.timeout_s) as r:
                 status, raw = r.status, r.read()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read()

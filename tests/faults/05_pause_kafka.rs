@@ -108,14 +108,19 @@ async fn a_paused_kafka_writer_is_dropped_after_the_new_grant() {
     wait_until(
         "A publishes 10 more records after SIGCONT",
         Duration::from_secs(30),
-        || sent(&a.lines()).len() >= sent_before_cont + 10,
+        || sent(&a.lines()).len() > sent_before_cont + 10,
     )
     .await;
     let mut a = a;
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     let a_sent = sent(&a.lines());
-    let late: Vec<u64> = a_sent[sent_before_cont..].to_vec();
+    // A writes `SENT` once the broker confirmed a record, so the first one
+    // written after SIGCONT may be the publish that was in flight at
+    // SIGSTOP: in the log before B's grant, and rightly applied if the
+    // consumer got to it first (seen once in 30-round runs). The records A
+    // published after that one were all published after B's grant.
+    let late: Vec<u64> = a_sent[sent_before_cont + 1..].to_vec();
 
     // Wait until the consumer has handled every record both published.
     let total = (a_sent.len() + 10) as f64;

@@ -215,16 +215,7 @@ async fn post<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// A counter or gauge from `/metrics` (0 if absent).
 async fn metric(s: &ServeProcess, line_start: &str) -> f64 {
-    let text = s
-        .client()
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.client().metrics_text().await;
     text.lines()
         .find(|l| l.starts_with(line_start))
         .and_then(|l| l.rsplit(' ').next())

@@ -329,15 +329,7 @@ async fn a_lease_carries_its_purpose_and_both_purposes_are_fenced() {
         grants.contains(&("twin/job-1", "correctness")),
         "{grants:?}"
     );
-    let metrics = c
-        .http
-        .get(format!("{}/metrics", c.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics_text().await;
     assert!(
         metrics.contains("palisade_lease_grants_by_purpose_total{purpose=\"efficiency\"} 1"),
         "{metrics}"

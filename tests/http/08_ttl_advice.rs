@@ -32,7 +32,7 @@ async fn renewal_gaps_give_a_recommended_ttl_and_flag_a_short_lease() {
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(r.body["gaps"], 5);
     assert_eq!(r.body["recommended_ttl_ms"], Value::Null, "{:?}", r.body);
-    assert_eq!(r.body["current"]["ttl_below_recommended"], false);
+    assert_eq!(r.body["current"]["ttl_below_tail"], false);
 
     // 25 more renewals every 600 ms, one of them 1300 ms late (a pause
     // that nearly lost the 2 s lease).
@@ -57,24 +57,17 @@ async fn renewal_gaps_give_a_recommended_ttl_and_flag_a_short_lease() {
         answer_tail > 0.0,
         "the store's answer time was not measured: {a:?}"
     );
-    let want = ((3.0 * (1_300.0 + answer_tail) / 100.0).ceil() as u64 * 100).max(1_000);
-    assert_eq!(a["recommended_ttl_ms"], want, "{a:?}");
-    assert_eq!(a["recommended_renew_every_ms"], want / 3);
+    let want = (3.0 * (1_300.0 + answer_tail) / 100.0).ceil() as u64 * 100;
+    assert_eq!(a["tail_ttl_ms"], want, "{a:?}");
+    assert_eq!(a["recommended_ttl_ms"], want.max(1_000), "{a:?}");
+    assert_eq!(a["recommended_renew_every_ms"], want.max(1_000) / 3);
     assert_eq!(a["current"]["holder"], "worker-a");
     assert_eq!(a["current"]["ttl_ms"], 2_000);
-    assert_eq!(a["current"]["ttl_below_recommended"], true, "{a:?}");
+    assert_eq!(a["current"]["ttl_below_tail"], true, "{a:?}");
     assert_eq!(a["late_renewals"], 0);
 
     // The renewals past the 20th gap were each below the advice.
-    let metrics = c
-        .http
-        .get(format!("{}/metrics", c.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics_text().await;
     let below = metrics
         .lines()
         .find_map(|l| l.strip_prefix("palisade_lease_ttl_below_advice_total "))

@@ -8,6 +8,10 @@
 //!   30 events each; both must exit 0 with every event applied in order, the
 //!   state read back, the lease released; the records in the topic must carry
 //!   the format's content type and encoding (read back from the broker).
+//!   The JSON worker talks to the store through a redirector that answers
+//!   every request with a `307` to the store, as a cluster node does for a
+//!   twin it does not own: the worker must follow it for POST, GET and
+//!   DELETE alike, with the same body.
 //! - `worker_stops_on_lease_loss_when_installed`: a worker publishing without
 //!   end; its lease is released and taken by another holder right after a
 //!   renewal. The worker must stop on its next renewal (exit 3) and the
@@ -50,6 +54,41 @@ fn generate_pb2(python: &Path) -> TempDir {
     );
     assert!(out.path().join("palisade/v1/event_pb2.py").is_file());
     out
+}
+
+/// An HTTP server answering every request with a `307` to the same path on
+/// `target`, as a cluster node does for a twin another node owns; it
+/// records the methods it redirected.
+struct Redirector {
+    base: String,
+    methods: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl Redirector {
+    async fn start(target: &str) -> Self {
+        use axum::http::{header, StatusCode, Uri};
+        let methods = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+        let (seen, target) = (methods.clone(), target.to_owned());
+        let app = axum::Router::new().fallback(move |method: axum::http::Method, uri: Uri| {
+            let (seen, target) = (seen.clone(), target.clone());
+            async move {
+                seen.lock().unwrap().insert(method.to_string());
+                let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+                (
+                    StatusCode::TEMPORARY_REDIRECT,
+                    [(header::LOCATION, format!("{target}{path}"))],
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { base, methods }
+    }
+
+    fn methods(&self) -> std::collections::BTreeSet<String> {
+        self.methods.lock().unwrap().clone()
+    }
 }
 
 struct Worker<'a> {
@@ -189,12 +228,17 @@ async fn worker_json_and_protobuf_when_installed() {
     const N: usize = 30;
     let count = N.to_string();
     let runs = [("py-json-pump", "json"), ("py-proto-pump", "protobuf")];
+    let redirector = Redirector::start(&s.base).await;
     let mut workers: Vec<PyProcess> = runs
         .iter()
         .map(|(twin, format)| {
             let holder = format!("w-{format}");
             let w = Worker {
-                base: &s.base,
+                base: if *format == "json" {
+                    &redirector.base
+                } else {
+                    &s.base
+                },
                 topic: &t.topic,
                 twin,
                 holder: &holder,
@@ -231,6 +275,14 @@ async fn worker_json_and_protobuf_when_installed() {
         assert!(lines.iter().any(|l| l.starts_with("released ")), "{out}");
         let r = c.try_acquire(&format!("twin/{twin}"), "next", 1000).await;
         assert_eq!(r.status, 201, "the lease is free again: {:?}", r.body);
+    }
+
+    // The JSON worker's every call went through a 307 it followed: its lease,
+    // renewals, reads and release all arrived (checked above), and each
+    // method was redirected.
+    let seen = redirector.methods();
+    for m in ["POST", "GET", "DELETE"] {
+        assert!(seen.contains(m), "no {m} was redirected: {seen:?}");
     }
 
     // The records themselves: JSON values as the HTTP body, protobuf

@@ -7,7 +7,8 @@
 //! `GET /v1/partitions/{p}/refusals` still list them, newest first, with
 //! token, fence, holder, reason, event ids and payload digest. The journal
 //! entry of a refusal is durable before the refusal is answered, so the
-//! kill may come right after the last answer.
+//! kill may come right after the last answer. Its cap is a `palisade serve`
+//! setting (`--refusals-per-partition`).
 
 use std::time::Duration;
 
@@ -74,4 +75,32 @@ async fn refusals_survive_a_crash() {
     let r = c.get("/v1/partitions/999/refusals").await;
     assert!(r.status == 404 || r.status == 400, "{:?}", r.body);
     serve.terminate();
+}
+
+/// The journal's cap is a `palisade serve` setting: with
+/// `--refusals-per-partition 2` a partition keeps its two newest refused
+/// writes, across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_cap_is_a_serve_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--refusals-per-partition", "2"];
+    let serve = ServeProcess::start(dir.path(), &args);
+    let c = serve.client();
+    for id in ["forged-1", "forged-2", "forged-3", "forged-4"] {
+        let r = c.put(TWIN, 987_654, id, json!({})).await;
+        assert_eq!(r.body["error"], "token_not_issued", "{:?}", r.body);
+    }
+    serve.kill();
+    let serve = ServeProcess::start(dir.path(), &args);
+    let r = serve
+        .client()
+        .get(&format!("/v1/twins/{TWIN}/refusals"))
+        .await;
+    let ids: Vec<&str> = r.body["refusals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_ids"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["forged-4", "forged-3"], "{:?}", r.body);
 }

@@ -94,6 +94,8 @@ test("a write appears live and a stale rejection is counted", async () => {
   assert.equal(await page.locator("#chart-latency polyline").count(), 2);
   assert.ok((await peak("#chart-latency polyline")) < 88, "latency chart stays at 0");
   assert.match(await page.textContent("#chart-lag .legend"), /no Kafka ingestion/);
+  // What the start-up replay did (a fresh store: nothing to replay).
+  await page.waitForFunction(() => /^0 rounds in \d+\.\d\d s$/.test(document.querySelector("#replay").textContent), null, { timeout: 10000 });
   // The partitions table lists every partition, with each owner lease's
   // purpose (decision 0028).
   assert.equal(await page.locator("#partitions tbody tr").count(), 16);

@@ -99,14 +99,16 @@ pub struct LeaseAdviceOut {
     pub answer_latency: TailsOut,
     /// `renewal_gap.tail_ms - renewal_gap.p50_ms`: what pauses added.
     pub pause_tail_ms: f64,
-    /// `3 * (pause_tail_ms + answer_latency.tail_ms)`, rounded up to 100 ms,
-    /// at least 1000; null until 20 gaps were measured.
+    /// `3 * (pause_tail_ms + answer_latency.tail_ms)`, rounded up to 100 ms:
+    /// the shortest TTL the measured tails allow; null until 20 gaps were measured.
+    pub tail_ttl_ms: Option<u64>,
+    /// `tail_ttl_ms`, at least 1000; null until 20 gaps were measured.
     pub recommended_ttl_ms: Option<u64>,
     /// A third of the recommended TTL (the SDK's default renewal period).
     pub recommended_renew_every_ms: Option<u64>,
     /// Renewals that arrived after their lease had expired.
     pub late_renewals: u64,
-    /// The live lease on the scope, if any, and whether its TTL is below the recommendation.
+    /// The live lease on the scope, if any, and whether its TTL is below `tail_ttl_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<AdvisedLeaseOut>,
 }
@@ -117,7 +119,7 @@ pub struct LeaseAdviceOut {
 pub struct AdvisedLeaseOut {
     pub holder: String,
     pub ttl_ms: u64,
-    /// `ttl_ms` is below `recommended_ttl_ms`: a pause as long as the
-    /// measured tail may expire this lease while its holder is healthy.
-    pub ttl_below_recommended: bool,
+    /// `ttl_ms` is below `tail_ttl_ms`: a pause as long as the measured
+    /// tail may expire this lease while its holder is healthy.
+    pub ttl_below_tail: bool,
 }

@@ -160,8 +160,8 @@ pub(crate) async fn advice(a: AdviceArgs) -> Result<(), Failure> {
             "live lease: holder {} ttl {} ms{}",
             c.holder,
             c.ttl_ms,
-            if c.ttl_below_recommended {
-                "  BELOW the recommendation"
+            if c.ttl_below_tail {
+                "  BELOW what the measured tails allow"
             } else {
                 ""
             }

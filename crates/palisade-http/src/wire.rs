@@ -52,13 +52,14 @@ pub(crate) fn advice_out(
         renewal_gap: tails_out(a.gap),
         answer_latency: tails_out(a.latency),
         pause_tail_ms: a.pause_tail_ms,
+        tail_ttl_ms: a.tail_ttl_ms,
         recommended_ttl_ms: a.recommended_ttl_ms,
         recommended_renew_every_ms: a.recommended_renew_every_ms,
         late_renewals: a.late_renewals,
         current: current.map(|l| AdvisedLeaseOut {
             holder: l.holder.clone(),
             ttl_ms: l.ttl_ms,
-            ttl_below_recommended: a.ttl_below(l.ttl_ms),
+            ttl_below_tail: a.ttl_below(l.ttl_ms),
         }),
     }
 }

@@ -16,7 +16,9 @@
 //! within two thirds of `T` (a keep-alive margin of 1.5x) gives `T >= 3 *
 //! (pause_tail + latency_tail)`. The tail is the p99 once there are 100
 //! gaps, the maximum before; no TTL is recommended before
-//! [`MIN_SAMPLES`] gaps, and never one under [`ADVICE_FLOOR_MS`].
+//! [`MIN_SAMPLES`] gaps, and never one under [`ADVICE_FLOOR_MS`]. A lease is
+//! flagged (and the store warns) only when its TTL is below what the tails
+//! themselves call for, not merely below the floor.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -58,7 +60,11 @@ pub struct Advice {
     pub latency: Tails,
     /// `tail(gap) - p50(gap)`: what pauses added on top of the renewal period.
     pub pause_tail_ms: f64,
-    /// `None` until [`MIN_SAMPLES`] gaps were measured.
+    /// `3 * (pause_tail + answer tail)` rounded up to 100 ms: the shortest
+    /// TTL the measured tails allow. `None` until [`MIN_SAMPLES`] gaps.
+    pub tail_ttl_ms: Option<u64>,
+    /// [`Advice::tail_ttl_ms`], at least [`ADVICE_FLOOR_MS`]. `None` until
+    /// [`MIN_SAMPLES`] gaps were measured.
     pub recommended_ttl_ms: Option<u64>,
     /// A third of the recommended TTL.
     pub recommended_renew_every_ms: Option<u64>,
@@ -67,10 +73,12 @@ pub struct Advice {
 }
 
 impl Advice {
-    /// Whether a lease with `ttl_ms` is below the recommendation (known only
-    /// once there is one).
+    /// Whether a lease with `ttl_ms` is below what the measured tails allow
+    /// ([`Advice::tail_ttl_ms`], not the floor): a pause as long as the tail
+    /// may expire it while its holder is healthy. Known once there are
+    /// [`MIN_SAMPLES`] gaps.
     pub fn ttl_below(&self, ttl_ms: u64) -> bool {
-        self.recommended_ttl_ms.is_some_and(|r| ttl_ms < r)
+        self.tail_ttl_ms.is_some_and(|r| ttl_ms < r)
     }
 }
 
@@ -182,18 +190,20 @@ fn advise(mut gaps_ms: Vec<u64>, mut latencies_us: Vec<u64>, late_renewals: u64)
     let gap = tails(&mut gaps_ms, 1.0);
     let latency = tails(&mut latencies_us, 1_000.0);
     let pause_tail_ms = (gap.tail_ms - gap.p50_ms).max(0.0);
-    let recommended_ttl_ms = (gaps_ms.len() >= MIN_SAMPLES).then(|| {
+    let tail_ttl_ms = (gaps_ms.len() >= MIN_SAMPLES).then(|| {
         let raw = 3.0 * (pause_tail_ms + latency.tail_ms);
-        // Whole 100 ms, up; within the bounds a grant accepts.
+        // Whole 100 ms, up; at most what a grant accepts.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let ms = ((raw / 100.0).ceil() as u64).saturating_mul(100);
-        ms.clamp(ADVICE_FLOOR_MS, MAX_TTL_MS)
+        ms.min(MAX_TTL_MS)
     });
+    let recommended_ttl_ms = tail_ttl_ms.map(|t| t.max(ADVICE_FLOOR_MS));
     Advice {
         gaps: gaps_ms.len(),
         gap,
         latency,
         pause_tail_ms,
+        tail_ttl_ms,
         recommended_ttl_ms,
         recommended_renew_every_ms: recommended_ttl_ms.map(|t| t / 3),
         late_renewals,
@@ -277,6 +287,7 @@ mod tests {
         assert_eq!(a.pause_tail_ms, 5_000.0);
         assert_eq!(a.latency.tail_ms, 2.0);
         // 3 * (5000 + 2) = 15006 -> 15100.
+        assert_eq!(a.tail_ttl_ms, Some(15_100));
         assert_eq!(a.recommended_ttl_ms, Some(15_100));
         assert_eq!(a.recommended_renew_every_ms, Some(5_033));
         assert!(a.ttl_below(10_000));
@@ -290,7 +301,13 @@ mod tests {
         let a = t.advice(&scope(), None);
         assert_eq!(a.gap.max_ms, 61_000.0);
         assert_eq!(a.gap.tail_ms, 1_000.0);
+        // 3 * (0 + 2 ms) -> 100 ms; recommended no lower than the floor.
+        assert_eq!(a.tail_ttl_ms, Some(100));
         assert_eq!(a.recommended_ttl_ms, Some(ADVICE_FLOOR_MS));
+        // A 300 ms lease is below the floor but not below the tails: no
+        // warning for a steady worker.
+        assert!(!a.ttl_below(300));
+        assert!(a.ttl_below(99));
     }
 
     #[test]

@@ -190,9 +190,9 @@ impl Store {
                 scope = %lease.scope,
                 holder = %lease.holder,
                 ttl_ms = lease.ttl_ms,
-                recommended_ttl_ms = advice.recommended_ttl_ms,
+                tail_ttl_ms = advice.tail_ttl_ms,
                 pause_tail_ms = advice.pause_tail_ms,
-                "lease TTL is below what this scope's measured renewal gaps call for (GET /v1/leases/advice)"
+                "lease TTL is below what this scope's measured renewal gaps call for: a pause as long as the tail may expire it (GET /v1/leases/advice)"
             );
         }
     }

@@ -55,6 +55,10 @@ pub struct ServeConfig {
     /// time-travel reads; 1..=1000000).
     #[arg(long, env = "PALISADE_SNAPSHOT_EVERY", default_value_t = 64, value_parser = bounds::parser::<u64>(bounds::SNAPSHOT_EVERY))]
     pub snapshot_every: u64,
+    /// Refused writes kept per partition in the durable refusal journal
+    /// (`GET /v1/twins/{id}/refusals`); past it the oldest go (1..=10000000).
+    #[arg(long, env = "PALISADE_REFUSALS_PER_PARTITION", default_value_t = palisade_log::DEFAULT_REFUSALS_PER_PARTITION, value_parser = bounds::parser::<u64>(bounds::REFUSALS_PER_PARTITION))]
+    pub refusals_per_partition: u64,
     /// Outbox: delivery tries of one effect before it goes to the dead
     /// list (1..=1000; docs/outbox.md).
     #[arg(long, env = "PALISADE_OUTBOX_MAX_ATTEMPTS", default_value_t = 8, value_parser = bounds::parser::<u32>(bounds::OUTBOX_MAX_ATTEMPTS))]
@@ -298,6 +302,7 @@ impl ServeConfig {
             partitions: self.partitions,
             max_drift: std::time::Duration::from_millis(self.max_drift_ms),
             snapshot_every: self.snapshot_every,
+            refusals_per_partition: self.refusals_per_partition,
             cache_bytes: self.cache_mb << 20,
             ..palisade_log::StoreConfig::default()
         }

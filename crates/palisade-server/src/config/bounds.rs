@@ -28,6 +28,8 @@ pub const MAX_BODY_BYTES: RangeInclusive<u64> = 1024..=palisade_core::codec::MAX
 pub const MAX_BATCH_EVENTS: RangeInclusive<u64> = 1..=100_000;
 /// Twin snapshot period: a time-travel read replays up to this many events.
 pub const SNAPSHOT_EVERY: RangeInclusive<u64> = 1..=1_000_000;
+/// Refusal journal entries kept per partition (decision 0024).
+pub const REFUSALS_PER_PARTITION: RangeInclusive<u64> = 1..=10_000_000;
 /// Outbox delivery tries per effect.
 pub const OUTBOX_MAX_ATTEMPTS: RangeInclusive<u64> = 1..=1_000;
 /// Outbox waits and timeouts, in milliseconds (up to an hour).
