@@ -207,3 +207,68 @@ async fn a_backup_keeps_the_outbox_and_its_delivery_states() {
     assert_eq!(before[0].state, DeliveryState::Delivered);
     store.close().await;
 }
+
+/// Cluster mode routes appends through the partition's Kafka log, which
+/// carries no effects yet: an append with effects is refused
+/// (`bad_event`) before it is routed, so nothing is written anywhere and
+/// the effects are not silently dropped; one without effects is routed.
+#[tokio::test]
+async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
+    use palisade_core::{BoxFuture, FencingToken};
+    use palisade_log::{AppendError, AppendRoute, Appended};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Debug, Default)]
+    struct Route(AtomicUsize);
+    impl AppendRoute for Route {
+        fn append(
+            &self,
+            _twin: TwinId,
+            _token: FencingToken,
+            _events: Vec<NewEvent>,
+            _if_match: Option<u64>,
+        ) -> BoxFuture<'_, Result<Appended, AppendError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Err(AppendError::Closed) })
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+    let route = Arc::new(Route::default());
+    store.route_appends(route.clone()).unwrap();
+    let twin = TwinId::new("c-1").unwrap();
+    let ev = || NewEvent {
+        event_id: "e".into(),
+        event_type: "t".into(),
+        patch: serde_json::Map::new(),
+        hlc: None,
+    };
+    let effect = Effect {
+        kind: EffectKind::Webhook,
+        url: "http://h/x".into(),
+        body: "1".into(),
+        headers: Vec::new(),
+    };
+    let r = store
+        .append_with_effects(
+            twin.clone(),
+            FencingToken(1),
+            vec![ev()],
+            vec![vec![effect]],
+            None,
+        )
+        .await;
+    match r {
+        Err(AppendError::BadEvent(m)) => assert!(m.contains("cluster mode"), "{m}"),
+        other => panic!("expected bad_event, got {other:?}"),
+    }
+    assert_eq!(route.0.load(Ordering::SeqCst), 0);
+    // Without effects (or with empty lists) the append is routed.
+    let r = store
+        .append_with_effects(twin, FencingToken(1), vec![ev()], vec![vec![]], None)
+        .await;
+    assert!(matches!(r, Err(AppendError::Closed)), "{r:?}");
+    assert_eq!(route.0.load(Ordering::SeqCst), 1);
+    assert!(store.outbox_list(None, 10).unwrap().is_empty());
+    store.close().await;
+}
