@@ -321,6 +321,27 @@ async fn every_principal_can_do_what_its_roles_grant_and_nothing_else() {
         "unauthenticated"
     );
 
+    // The outbox (effect URLs and bodies): `admin` on admin/outbox only.
+    for (who, status, error) in [
+        ("ops", 200, ""),
+        ("reader", 403, "forbidden"),
+        ("worker-a", 403, "forbidden"),
+        ("nobody", 403, "forbidden"),
+    ] {
+        row!(
+            format!("{who} GET /v1/outbox"),
+            s.get(who, "/v1/outbox").await,
+            status,
+            error
+        );
+    }
+    row!(
+        "no key: GET /v1/outbox",
+        s.call(None, Method::GET, "/v1/outbox", None, &[]).await,
+        401,
+        "unauthenticated"
+    );
+
     // A backup (the whole store, streamed): `admin` on admin/backup only.
     for (who, status, error) in [
         ("ops", 200, ""),

@@ -51,6 +51,9 @@ macro_rules! error_names {
 error_names! {
     /// `400`: the request body could not be read.
     BadBody => "bad_body",
+    /// `400`: an event's `effects` is not a valid list of effects (bad URL,
+    /// too many, unknown kind ...), or effects where they are not taken.
+    BadEffects => "bad_effects",
     /// `400`: an event is not a valid event object.
     BadEvent => "bad_event",
     /// `400`: an event's `hlc` is not `<ntp64>/<hex id>`.

@@ -44,6 +44,42 @@ pub struct EventIn {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 128))]
     pub event_id: Option<String>,
+    /// Side effects recorded with the event in the same fenced commit and
+    /// delivered after it is durable (the fenced outbox, `docs/outbox.md`):
+    /// at most 16; HTTP appends only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effects: Vec<EffectIn>,
+}
+
+/// A side effect of an event: for now a webhook, an HTTP POST of `body` to
+/// `url` carrying `Idempotency-Key: <event_id>:<index>` and
+/// `Fencing-Token: <the event's token>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EffectIn {
+    /// `webhook` (the only kind so far).
+    pub kind: String,
+    /// `http://` or `https://`, at most 2048 bytes of visible ASCII.
+    pub url: String,
+    /// Any JSON: the POST's body.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub body: Value,
+    /// Extra request headers (at most 16; not `Idempotency-Key`,
+    /// `Fencing-Token`, `Content-Type`, `Content-Length`, `Host`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+impl EffectIn {
+    /// A webhook POST of `body` to `url`.
+    pub fn webhook(url: impl Into<String>, body: Value) -> Self {
+        Self {
+            kind: "webhook".into(),
+            url: url.into(),
+            body,
+            headers: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 impl EventIn {
@@ -53,7 +89,15 @@ impl EventIn {
             patch,
             hlc: None,
             event_id: None,
+            effects: Vec::new(),
         }
+    }
+
+    /// Add a side effect (the fenced outbox).
+    #[must_use]
+    pub fn with_effect(mut self, effect: EffectIn) -> Self {
+        self.effects.push(effect);
+        self
     }
 
     /// Set the idempotency key.

@@ -32,10 +32,10 @@ pub use error::{
     ClockDriftError, ErrorBody, ErrorName, LeaseGoneError, LeaseHeldError, StaleTokenError,
     TokenRefusedError, VersionMismatchError,
 };
-pub use event::{AppendResponse, EventIn, EventOut, EventsPage};
+pub use event::{AppendResponse, EffectIn, EventIn, EventOut, EventsPage};
 pub use lease::{AdvisedLeaseOut, LeaseAdviceOut, LeaseIn, LeaseOut, TailsOut};
 pub use read::{
     AuditOut, AuditResponse, DeadLetterOut, DeadLettersResponse, Health, HealthFailure,
-    PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,
-    RejectionsResponse, TwinResponse,
+    OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse,
+    RejectionOut, RejectionsResponse, TwinResponse,
 };

@@ -135,6 +135,47 @@ pub struct RefusalOut {
     pub twin_id: String,
 }
 
+/// `200` of `GET /v1/outbox`: effects of admitted events and their
+/// delivery states (the fenced outbox, `docs/outbox.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OutboxResponse {
+    /// In order of partition, event seq, effect index.
+    pub effects: Vec<OutboxEntryOut>,
+}
+
+/// One effect of one admitted event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OutboxEntryOut {
+    /// Delivery tries so far.
+    pub attempts: u32,
+    /// The POST's body, as compact JSON text.
+    pub body: String,
+    /// When the event was admitted (ms since 1970).
+    pub created_at_ms: u64,
+    pub event_id: String,
+    /// `Idempotency-Key` of every try: `<event_id>:<index>`.
+    pub idempotency_key: String,
+    /// The effect's place in the event's `effects`.
+    pub index: u16,
+    /// `webhook`.
+    pub kind: String,
+    /// The last failed try's error.
+    pub last_error: Option<String>,
+    pub partition: u32,
+    /// The event's seq in its partition.
+    pub seq: u64,
+    /// `pending`, `delivered` or `dead`.
+    pub state: String,
+    /// The token the event was admitted under (`Fencing-Token` of every try).
+    pub token: u64,
+    pub twin_id: String,
+    /// When the state last changed (ms since 1970; 0: never tried).
+    pub updated_at_ms: u64,
+    pub url: String,
+}
+
 /// `200` of `GET /v1/dead-letters`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -13,7 +13,7 @@ use reqwest::Url;
 use serde_json::{json, Value};
 
 use super::{out, pick, AcquireArgs, AppendArgs, Conn, EventsArgs, Failure, GetArgs};
-use super::{AdviceArgs, LeaseIdArgs, PartitionsArgs, Pick, RefusalsArgs, Table};
+use super::{AdviceArgs, LeaseIdArgs, OutboxArgs, PartitionsArgs, Pick, RefusalsArgs, Table};
 
 /// The SDK client and a plain HTTP client sharing its connection pool.
 pub(crate) struct Session {
@@ -393,6 +393,50 @@ pub(crate) async fn refusals(a: RefusalsArgs) -> Result<(), Failure> {
                 .unwrap_or_else(|| "-".to_owned()),
             r.event_ids.join(","),
             r.digest.get(..12).unwrap_or_default().to_owned(),
+        ]);
+    }
+    t.print()
+}
+
+/// `palisade outbox`: effects of admitted events and their delivery states.
+pub(crate) async fn outbox(a: OutboxArgs) -> Result<(), Failure> {
+    let s = Session::new(&a.conn)?;
+    let list = s
+        .client
+        .outbox(a.state.as_deref(), a.limit)
+        .await
+        .map_err(|e| s.fail(e))?;
+    if a.conn.json {
+        for e in &list {
+            json_line(e)?;
+        }
+        return Ok(());
+    }
+    if list.is_empty() {
+        return out("no effects");
+    }
+    let mut t = Table::new([
+        "PARTITION",
+        "SEQ",
+        "KEY",
+        "TWIN",
+        "TOKEN",
+        "STATE",
+        "TRIES",
+        "URL",
+        "LAST_ERROR",
+    ]);
+    for e in &list {
+        t.row([
+            e.partition.to_string(),
+            e.seq.to_string(),
+            e.idempotency_key.clone(),
+            e.twin_id.clone(),
+            e.token.to_string(),
+            e.state.clone(),
+            e.attempts.to_string(),
+            e.url.clone(),
+            e.last_error.clone().unwrap_or_else(|| "-".to_owned()),
         ]);
     }
     t.print()

@@ -65,6 +65,9 @@ pub enum CliCommand {
     /// List refused writes (stale tokens, tokens never issued ...) of a twin
     /// or a partition from the store's durable refusal journal, newest first.
     Refusals(RefusalsArgs),
+    /// List the effects of admitted events from the fenced outbox and their
+    /// delivery states (docs/outbox.md).
+    Outbox(OutboxArgs),
     /// List the store's partitions: head, fence and owner.
     Partitions(PartitionsArgs),
     /// Settings files for `palisade serve`.
@@ -231,6 +234,19 @@ pub struct EventsArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+pub struct OutboxArgs {
+    /// Only effects in this state.
+    #[arg(long, value_parser = ["pending", "delivered", "dead"])]
+    pub state: Option<String>,
+    /// At most this many, at least 1 (the store caps it at 1024).
+    #[arg(long, env = "PALISADE_LIMIT", default_value_t = 100,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub limit: usize,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Debug, Clone, Args)]
 #[command(group(ArgGroup::new("of").required(true).args(["twin", "partition"])))]
 pub struct RefusalsArgs {
     /// The twin whose refused writes to list.
@@ -299,6 +315,7 @@ impl CliCommand {
             Self::Events(a) => a.conn.json,
             Self::Tail(a) => a.conn.json,
             Self::Refusals(a) => a.conn.json,
+            Self::Outbox(a) => a.conn.json,
             Self::Partitions(a) => a.conn.json,
             Self::Config(ConfigCommand::Check(a)) => a.json,
             Self::Export(a) => a.conn.json,
@@ -325,6 +342,7 @@ pub async fn run(cmd: CliCommand, top: &ArgMatches) -> ExitCode {
         CliCommand::Events(a) => commands::events(a).await,
         CliCommand::Tail(a) => tail::tail(a, m).await,
         CliCommand::Refusals(a) => commands::refusals(a).await,
+        CliCommand::Outbox(a) => commands::outbox(a).await,
         CliCommand::Partitions(a) => commands::partitions(a).await,
         CliCommand::Config(ConfigCommand::Check(a)) => config_check::check(&a),
         CliCommand::Export(a) => transfer::export(a).await,

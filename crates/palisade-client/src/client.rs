@@ -10,8 +10,8 @@ use serde::Serialize;
 use crate::error::{from_response, ClientError};
 use crate::lease::{Lease, LeaseOptions};
 use crate::types::{
-    Appended, Event, EventsPage, LeaseAdvice, LeaseGrant, Partitions, Refusal, RefusalsResponse,
-    StoredEvent, TwinState,
+    Appended, Event, EventsPage, LeaseAdvice, LeaseGrant, OutboxEntry, OutboxResponse, Partitions,
+    Refusal, RefusalsResponse, StoredEvent, TwinState,
 };
 use crate::watch::{EventStream, WatchFrom, WATCH_IDLE_TIMEOUT};
 
@@ -421,6 +421,25 @@ impl Client {
         let p = partition.to_string();
         self.refusals(&["v1", "partitions", &p, "refusals"], limit)
             .await
+    }
+
+    /// Up to `limit` effects of admitted events from the store's fenced
+    /// outbox (`docs/outbox.md`), in order of partition, seq and effect
+    /// index, only those in `state` (`pending`, `delivered`, `dead`) if
+    /// given. Needs `admin` on `admin/outbox` with authentication on.
+    pub async fn outbox(
+        &self,
+        state: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, ClientError> {
+        let mut url = self.url(&["v1", "outbox"])?;
+        url.query_pairs_mut()
+            .append_pair("limit", &limit.to_string());
+        if let Some(s) = state {
+            url.query_pairs_mut().append_pair("state", s);
+        }
+        let page: OutboxResponse = self.send(self.http.get(url)).await?.json().await?;
+        Ok(page.effects)
     }
 
     async fn refusals(&self, segments: &[&str], limit: usize) -> Result<Vec<Refusal>, ClientError> {

@@ -68,7 +68,7 @@ pub use lease::{Lease, LeaseOptions};
 pub use palisade_api::ErrorName;
 pub use palisade_core::{Hlc, Purpose, Scope};
 pub use types::{
-    Appended, Event, LeaseAdvice, LeaseGrant, PartitionInfo, PartitionOwner, Partitions, Refusal,
-    StoredEvent, TwinState,
+    Appended, Effect, Event, LeaseAdvice, LeaseGrant, OutboxEntry, PartitionInfo, PartitionOwner,
+    Partitions, Refusal, StoredEvent, TwinState,
 };
 pub use watch::{EventStream, WatchFrom, WATCH_IDLE_TIMEOUT};

@@ -41,5 +41,14 @@ pub use palisade_api::TwinResponse as TwinState;
 /// (`GET /v1/twins/{id}/refusals`, `GET /v1/partitions/{p}/refusals`).
 pub use palisade_api::RefusalOut as Refusal;
 
+/// A side effect to declare with an event (the fenced outbox,
+/// `docs/outbox.md`): `Event::new(..).with_effect(Effect::webhook(url, body))`.
+pub use palisade_api::EffectIn as Effect;
+
+/// One effect of an admitted event and its delivery state (`GET /v1/outbox`).
+pub use palisade_api::OutboxEntryOut as OutboxEntry;
+
+pub(crate) use palisade_api::OutboxResponse;
+
 pub(crate) use palisade_api::EventsPage;
 pub(crate) use palisade_api::RefusalsResponse;

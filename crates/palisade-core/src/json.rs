@@ -1,10 +1,12 @@
 //! The JSON form of events that writers send, over HTTP and as Kafka record
 //! values (`content-type: application/json`): one event object or an array.
 //!
-//! `{"type": "...", "patch": {...}, "hlc": "<ntp64>/<hex id>"?, "event_id": "..."?}`
+//! `{"type": "...", "patch": {...}, "hlc": "<ntp64>/<hex id>"?, "event_id": "..."?,
+//! "effects": [...]?}` (effects: HTTP only, see [`crate::effect`]).
 
 use serde::Deserialize;
 
+use crate::effect::Effect;
 use crate::{Hlc, NewEvent};
 
 // `expecting`: serde's messages would otherwise name this Rust type
@@ -12,7 +14,7 @@ use crate::{Hlc, NewEvent};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "an event object {\"type\", \"patch\", \"hlc\"?, \"event_id\"?}"
+    expecting = "an event object {\"type\", \"patch\", \"hlc\"?, \"event_id\"?, \"effects\"?}"
 )]
 struct EventJson {
     #[serde(rename = "type")]
@@ -22,6 +24,9 @@ struct EventJson {
     hlc: Option<String>,
     #[serde(default)]
     event_id: Option<String>,
+    /// Side effects (the fenced outbox); checked by [`crate::effect`].
+    #[serde(default)]
+    effects: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -49,11 +54,29 @@ fn err(kind: &'static str, message: impl Into<String>) -> JsonEventError {
 
 /// Parse a body into events. Events without an `event_id` get one from
 /// `default_id(index)` (random for HTTP, derived from the record position for
-/// Kafka so that a redelivered record dedupes).
+/// Kafka so that a redelivered record dedupes). Effects are refused
+/// (`bad_effects`): only the HTTP append takes them
+/// ([`parse_events_with_effects`]).
 pub fn parse_events(
     bytes: &[u8],
-    mut default_id: impl FnMut(usize) -> String,
+    default_id: impl FnMut(usize) -> String,
 ) -> Result<Vec<NewEvent>, JsonEventError> {
+    let (events, effects) = parse_events_with_effects(bytes, default_id)?;
+    if effects.iter().any(|e| !e.is_empty()) {
+        return Err(err(
+            "bad_effects",
+            "effects are accepted by the HTTP append only (docs/outbox.md)",
+        ));
+    }
+    Ok(events)
+}
+
+/// [`parse_events`], keeping each event's effects (empty if it declares
+/// none), in the events' order. A bad `effects` value is `bad_effects`.
+pub fn parse_events_with_effects(
+    bytes: &[u8],
+    mut default_id: impl FnMut(usize) -> String,
+) -> Result<(Vec<NewEvent>, Vec<Vec<Effect>>), JsonEventError> {
     let events = match serde_json::from_slice::<EventsJson>(bytes) {
         Ok(EventsJson::One(e)) => vec![e],
         Ok(EventsJson::Many(v)) => v,
@@ -80,7 +103,8 @@ pub fn parse_events(
     if events.is_empty() {
         return Err(err("no_events", "the batch is empty"));
     }
-    events
+    let mut effects = Vec::with_capacity(events.len());
+    let events = events
         .into_iter()
         .enumerate()
         .map(|(i, e)| {
@@ -100,6 +124,12 @@ pub fn parse_events(
             let event_id = e.event_id.unwrap_or_else(|| default_id(i));
             crate::check_event_fields(&event_id, &e.event_type)
                 .map_err(|x| err("bad_event", format!("event {i}: {x}")))?;
+            effects.push(match &e.effects {
+                None => Vec::new(),
+                Some(v) => {
+                    crate::effect::parse_effects(i, v).map_err(|x| err("bad_effects", x.0))?
+                }
+            });
             Ok(NewEvent {
                 event_id,
                 event_type: e.event_type,
@@ -107,7 +137,8 @@ pub fn parse_events(
                 hlc,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((events, effects))
 }
 
 #[cfg(test)]
@@ -146,6 +177,31 @@ mod tests {
         assert_eq!(
             kind(br#"[{"type":"t","patch":{}},{"type":"t","patch":{},"event_id":"\n"}]"#),
             "bad_event"
+        );
+    }
+
+    /// Effects: kept per event (aligned with the events) by the HTTP parse,
+    /// refused by the plain one (Kafka records), `bad_effects` when bad.
+    #[test]
+    fn effects_are_parsed_beside_their_events_or_refused() {
+        let body = br#"[{"type":"t","patch":{}},
+            {"type":"t","patch":{},"effects":[{"kind":"webhook","url":"http://h/x","body":[1]}]}]"#;
+        let (events, effects) = parse_events_with_effects(body, ids).unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(effects.len(), 2);
+        assert!(effects[0].is_empty());
+        assert_eq!(effects[1][0].url, "http://h/x");
+        assert_eq!(effects[1][0].body, "[1]");
+        assert_eq!(parse_events(body, ids).unwrap_err().kind, "bad_effects");
+        // An empty list is no effect at all: the plain parse takes it.
+        let none = br#"{"type":"t","patch":{},"effects":[]}"#;
+        assert_eq!(parse_events(none, ids).unwrap().len(), 1);
+        let bad = br#"{"type":"t","patch":{},"effects":{"kind":"webhook"}}"#;
+        let e = parse_events_with_effects(bad, ids).unwrap_err();
+        assert_eq!(e.kind, "bad_effects");
+        assert!(
+            e.message.contains("event 0: effects must be an array"),
+            "{e}"
         );
     }
 

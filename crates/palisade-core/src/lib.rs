@@ -13,6 +13,7 @@
 //! ```
 
 pub mod codec;
+pub mod effect;
 mod event;
 mod hlc;
 mod ids;

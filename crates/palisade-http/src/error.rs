@@ -482,12 +482,13 @@ mod tests {
             assert_eq!(ApiError::from(e).name(), reason);
             assert!(ErrorName::from_name(reason).is_some(), "{reason}");
         }
-        let bodies: [&[u8]; 5] = [
+        let bodies: [&[u8]; 6] = [
             b"{",
             b"[]",
             b"7",
             br#"{"type":"t"}"#,
             br#"{"type":"t","patch":{},"hlc":"x"}"#,
+            br#"{"type":"t","patch":{},"effects":7}"#,
         ];
         for body in bodies {
             let kind = palisade_core::json::parse_events(body, |_| "id".into())

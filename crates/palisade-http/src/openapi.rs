@@ -56,6 +56,7 @@ use crate::wire;
         crate::routes::twin_refusals,
         crate::routes::partition_refusals,
         crate::routes::dead_letters,
+        crate::routes::outbox,
         crate::audit_api::audit,
         crate::backup_api::backup,
     ),

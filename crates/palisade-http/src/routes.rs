@@ -21,9 +21,9 @@ use crate::openapi::EventsIn;
 use crate::wire::{
     advice_out, hlc_text, lease_out, AppendResponse, ClockDriftError, DeadLetterOut,
     DeadLettersResponse, ErrorBody, ErrorName, EventOut, EventsPage, Health, LeaseAdviceOut,
-    LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut, PartitionOut, PartitionsResponse,
-    RefusalOut, RefusalsResponse, RejectionOut, RejectionsResponse, StaleTokenError,
-    TokenRefusedError, TwinResponse, VersionMismatchError,
+    LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut, OutboxEntryOut, OutboxResponse,
+    PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,
+    RejectionsResponse, StaleTokenError, TokenRefusedError, TwinResponse, VersionMismatchError,
 };
 use crate::HttpConfig;
 
@@ -92,6 +92,7 @@ fn build(
             get(partition_refusals),
         )
         .route("/v1/dead-letters", get(dead_letters))
+        .route("/v1/outbox", get(outbox))
         .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .route("/v1/audit", get(crate::audit_api::audit))
         .route("/v1/admin/backup", post(crate::backup_api::backup))
@@ -530,6 +531,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
             headers(("ETag" = String, description = "The twin's version, quoted"))),
         (status = 400, description = "`missing_token`, `bad_token` (also for two `Fencing-Token` headers), `bad_json`, `bad_patch`, \
             `bad_event` (`type` or `event_id` empty, too long or with a control character), `bad_hlc`, \
+            `bad_effects` (an `effects` list that is not an array, has more than 16 effects, an unknown kind, a URL that is not http(s) or over 2048 bytes, a reserved header), \
             `bad_if_match`, `bad_twin_id`, `no_events`, `bad_body`, `twin_id_too_long` (a configured limit)", body = ErrorBody),
         (status = 403, description = "`token_not_issued`, `token_scope_mismatch` (`scope`)", body = TokenRefusedError),
         (status = 409, description = "`stale_token`: a later grant covering this twin was seen", body = StaleTokenError),
@@ -581,9 +583,16 @@ async fn append_events(
     let token = fencing_token(headers)?;
     let expected = if_match(headers)?;
     // Without an id there is no retry dedupe; a random one keeps ids unique.
-    let events =
-        palisade_core::json::parse_events(&bytes, |_| uuid::Uuid::new_v4().simple().to_string())
-            .map_err(|e| ApiError::bad_request(e.kind, e.message))?;
+    let (events, effects) = palisade_core::json::parse_events_with_effects(&bytes, |_| {
+        uuid::Uuid::new_v4().simple().to_string()
+    })
+    .map_err(|e| ApiError::bad_request(e.kind, e.message))?;
+    // No effects at all: the plain append (nothing staged in the outbox).
+    let effects = if effects.iter().all(Vec::is_empty) {
+        Vec::new()
+    } else {
+        effects
+    };
     if events.len() > s.config.max_batch_events {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -597,7 +606,10 @@ async fn append_events(
         .audited(AuditOutcome::Limited));
     }
     crate::caller::check_patches(&s.config.security.limits, &events)?;
-    let done = s.store.append(twin, token, events, expected).await?;
+    let done = s
+        .store
+        .append_with_effects(twin, token, events, effects, expected)
+        .await?;
     let mut resp = (
         StatusCode::CREATED,
         Json(AppendResponse {
@@ -1055,6 +1067,80 @@ pub(crate) async fn partition_refusals(
         .await?;
     let refusals = list.into_iter().map(|r| refusal_out(&s, r)).collect();
     Ok(Json(RefusalsResponse { refusals }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct OutboxQuery {
+    /// Only effects in this state: `pending`, `delivered` or `dead`.
+    #[param(pattern = "^(pending|delivered|dead)$")]
+    state: Option<String>,
+    /// At most this many (default 100, at least 1, at most 1024; larger
+    /// values are clamped).
+    #[param(minimum = 1)]
+    limit: Option<usize>,
+}
+
+/// Most outbox entries listed per request.
+const MAX_OUTBOX_LISTED: usize = 1024;
+
+/// The fenced outbox: effects of admitted events and their delivery
+/// states, in order of partition, seq and effect index.
+#[utoipa::path(
+    get,
+    path = "/v1/outbox",
+    tag = "partitions",
+    params(OutboxQuery),
+    responses(
+        (status = 200, description = "Effects, oldest first per partition", body = OutboxResponse),
+        (status = 400, description = "`bad_query` (unknown state or parameter, zero limit)", body = ErrorBody),
+        (status = 500, description = "`storage`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn outbox(
+    State(s): State<AppState>,
+    caller: Caller,
+    q: Result<Query<OutboxQuery>, QueryRejection>,
+) -> Result<Json<OutboxResponse>, ApiError> {
+    // Effect bodies and URLs may carry what only operators should see:
+    // `admin`, not `read`.
+    caller
+        .admit(AuditAction::Admin)?
+        .authorize(Action::Admin, &Resource::Admin("outbox".into()))?;
+    let q = query(q)?;
+    let state = match q.state.as_deref() {
+        None => None,
+        Some(name) => Some(palisade_log::DeliveryState::from_name(name).ok_or_else(|| {
+            ApiError::bad_request(
+                ErrorName::BadQuery,
+                format!("state must be pending, delivered or dead, not {name:?}"),
+            )
+        })?),
+    };
+    let limit = page_limit(q.limit, 100, MAX_OUTBOX_LISTED)?;
+    let list = s.store.outbox_list_async(state, limit).await?;
+    let effects = list
+        .into_iter()
+        .map(|e| OutboxEntryOut {
+            attempts: e.attempts,
+            idempotency_key: e.idempotency_key(),
+            body: e.effect.body,
+            created_at_ms: e.created_at_ms,
+            event_id: e.event_id,
+            index: e.index,
+            kind: e.effect.kind.name().to_owned(),
+            last_error: e.last_error,
+            partition: e.partition,
+            seq: e.seq,
+            state: e.state.name().to_owned(),
+            token: e.token,
+            twin_id: e.twin,
+            updated_at_ms: e.updated_at_ms,
+            url: e.effect.url,
+        })
+        .collect();
+    Ok(Json(OutboxResponse { effects }))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -10,9 +10,10 @@ use palisade_lease::{Advice, Lease, Tails};
 pub use palisade_api::{
     AdvisedLeaseOut, AppendResponse, AuditOut, AuditResponse, ClockDriftError, DeadLetterOut,
     DeadLettersResponse, ErrorBody, ErrorName, EventIn, EventOut, EventsPage, Health,
-    HealthFailure, LeaseAdviceOut, LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut, PartitionOut,
-    PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut, RejectionsResponse,
-    StaleTokenError, TailsOut, TokenRefusedError, TwinResponse, VersionMismatchError,
+    HealthFailure, LeaseAdviceOut, LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut,
+    OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse,
+    RejectionOut, RejectionsResponse, StaleTokenError, TailsOut, TokenRefusedError, TwinResponse,
+    VersionMismatchError,
 };
 
 /// A lease as acquire, renew and `GET /v1/partitions` show it.

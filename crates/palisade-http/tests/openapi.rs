@@ -57,6 +57,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/partitions/0/refusals",
     ),
     ("get", "/v1/dead-letters", "/v1/dead-letters"),
+    ("get", "/v1/outbox", "/v1/outbox"),
     ("get", "/v1/audit", "/v1/audit"),
     ("post", "/v1/admin/backup", "/v1/admin/backup"),
 ];

@@ -9,7 +9,8 @@
 //! round boundary. While the sequencer waits, the backup reads every
 //! partition's head and the keys that change in place (store metadata, the
 //! lease authority's records and token counter, token owners, cluster owner
-//! fences, Kafka source offsets and dead letters, and per partition its
+//! fences, Kafka source offsets and dead letters, the outbox's effects and
+//! their delivery states, and per partition its
 //! meta, twin records and token grants) into memory, notes the audit log's
 //! and the refusal journal's last keys, and lets the sequencer go on. Then,
 //! while writes flow, it copies the append-only keys up to the noted points:
@@ -447,6 +448,9 @@ impl Store {
             (TreeId::TOKEN_OWNERS, &t.token_owners),
             (TreeId::CLUSTER, &t.cluster),
             (TreeId::INGEST, &t.ingest),
+            // Delivery states change in place (the fenced outbox): read
+            // with writes held, like the keys above.
+            (TreeId::OUTBOX, &t.outbox),
         ] {
             for kv in tree.iter() {
                 let (k, v) = kv?;
@@ -684,6 +688,7 @@ fn tree_name(id: u32, partitions: u32) -> Option<String> {
         TreeId::CLUSTER => crate::cluster::CLUSTER_TREE.into(),
         TreeId::INGEST => "ingest".into(),
         TreeId::REFUSALS => "refusals".into(),
+        TreeId::OUTBOX => "outbox".into(),
         TreeId(p) if p < partitions => format!("partition/{p:05}"),
         _ => return None,
     })

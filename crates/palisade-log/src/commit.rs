@@ -182,6 +182,8 @@ pub(crate) struct Trees {
     pub ingest: sled::Tree,
     /// The refusal journal (layout 4, `refusals.rs`).
     pub refusals: sled::Tree,
+    /// The fenced outbox (layout 5, `outbox.rs`).
+    pub outbox: sled::Tree,
 }
 
 impl Trees {
@@ -194,6 +196,7 @@ impl Trees {
             TreeId::CLUSTER => Some(&self.cluster),
             TreeId::INGEST => Some(&self.ingest),
             TreeId::REFUSALS => Some(&self.refusals),
+            TreeId::OUTBOX => Some(&self.outbox),
             TreeId(p) => self.partitions.get(p as usize),
         }
     }
@@ -937,6 +940,7 @@ mod tests {
             cluster: db.open_tree("cluster").unwrap(),
             ingest: db.open_tree("ingest").unwrap(),
             refusals: db.open_tree("refusals").unwrap(),
+            outbox: db.open_tree("outbox").unwrap(),
         };
         (db, t)
     }

@@ -18,9 +18,14 @@ use palisade_core::TwinId;
 /// `refusals` tree, the durable journal of refused writes
 /// (`docs/decisions/0024-refusal-journal.md`); nothing else changed, so a
 /// layout-3 store is migrated by marking it 4 (the tree starts empty).
-pub const LAYOUT_VERSION: u8 = 4;
+/// Layout 5 adds the `outbox` tree, the effects events declared
+/// (`docs/decisions/0030-fenced-outbox.md`); nothing else changed, so a
+/// layout-4 (or 3) store is migrated by marking it 5.
+pub const LAYOUT_VERSION: u8 = 5;
 /// The layout before this one, migrated on open by marking it.
-pub const PREVIOUS_LAYOUT_VERSION: u8 = 3;
+pub const PREVIOUS_LAYOUT_VERSION: u8 = 4;
+/// Layout 3 differs from 5 only by trees that start empty: marked too.
+pub const LAYOUT_3: u8 = 3;
 /// The oldest layout this build migrates from on open (`migrate.rs`).
 pub const LAYOUT_2: u8 = 2;
 

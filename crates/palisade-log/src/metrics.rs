@@ -199,6 +199,16 @@ impl Metrics {
         self.ack_seconds.observe(took.as_secs_f64());
     }
 
+    /// An effect recorded in the outbox with its admitted event.
+    pub(crate) fn outbox_recorded(&self) {
+        self.add(
+            "palisade_outbox_recorded_total",
+            "Effects recorded in the fenced outbox with their admitted events (counted when staged; a round that then fails to sync stops the store).",
+            &[],
+            1,
+        );
+    }
+
     /// A checkpoint (sled flushed and synced) that removed `segments`.
     pub(crate) fn checkpointed(&self, took: Duration, segments: u64) {
         self.checkpoint_seconds.observe(took.as_secs_f64());

@@ -72,7 +72,7 @@ fn legacy_keys(tree: &sled::Tree, path: &Path) -> Result<Legacy, OpenError> {
 }
 
 /// Migrate a layout-2 store to layout 3 (see the module doc), and so to
-/// layout 4: its `refusals` tree is simply empty. Returns how
+/// layout 5: its `refusals` and `outbox` trees are simply empty. Returns how
 /// many keys were moved.
 pub(crate) fn from_layout_2(
     db: &sled::Db,
@@ -109,20 +109,22 @@ pub(crate) fn from_layout_2(
     info!(
         path = %path.display(),
         moved,
-        "migrated the store from layout 2 to layout 4 (Kafka offsets and dead letters by source partition; an empty refusal journal)"
+        "migrated the store from layout 2 to layout 5 (Kafka offsets and dead letters by source partition; an empty refusal journal and outbox)"
     );
     Ok(moved)
 }
 
-/// Layout 3 -> 4: the `refusals` tree is new and starts empty, so the
-/// store only needs marking. Old keys of layout 2 are swept first, as on
-/// every open. A crash before the mark is durable leaves layout 3, which
-/// the next open marks again.
-pub(crate) fn from_layout_3(
+/// Layout 3 or 4 -> 5: the `refusals` tree (layout 4) and the `outbox`
+/// tree (layout 5) are new and start empty, so the store only needs
+/// marking. Old keys of layout 2 are swept first, as on every open. A crash
+/// before the mark is durable leaves the old layout, which the next open
+/// marks again.
+pub(crate) fn mark(
     db: &sled::Db,
     path: &Path,
     trees: &Trees,
     format_key: &[u8],
+    from: u8,
 ) -> Result<(), OpenError> {
     sweep(trees, path)?;
     trees
@@ -130,7 +132,7 @@ pub(crate) fn from_layout_3(
         .insert(format_key, &[keys::LAYOUT_VERSION][..])
         .map_err(sled_err(path))?;
     durable(db, path)?;
-    info!(path = %path.display(), "migrated the store from layout 3 to layout 4 (refusal journal)");
+    info!(path = %path.display(), from, to = keys::LAYOUT_VERSION, "migrated the store by marking it (new empty trees: refusal journal from 4, outbox from 5)");
     Ok(())
 }
 

@@ -121,6 +121,8 @@ const FORMAT_KEY: &[u8] = b"format";
 const INGEST_TREE: &str = "ingest";
 /// The refusal journal (layout 4, `refusals.rs`).
 const REFUSALS_TREE: &str = "refusals";
+/// The fenced outbox (layout 5, `outbox.rs`).
+const OUTBOX_TREE: &str = "outbox";
 const PARTITIONS_KEY: &[u8] = b"partitions";
 /// The write-ahead log's folder inside the data folder.
 pub(crate) const WAL_DIR: &str = "wal";
@@ -162,6 +164,7 @@ impl Store {
                 let found = f.first().copied().unwrap_or(0);
                 if found != crate::keys::LAYOUT_VERSION
                     && found != crate::keys::PREVIOUS_LAYOUT_VERSION
+                    && found != crate::keys::LAYOUT_3
                     && found != crate::keys::LAYOUT_2
                 {
                     return Err(OpenError::Format {
@@ -224,6 +227,7 @@ impl Store {
                 .map_err(sled_err)?,
             ingest: db.open_tree(INGEST_TREE).map_err(sled_err)?,
             refusals: db.open_tree(REFUSALS_TREE).map_err(sled_err)?,
+            outbox: db.open_tree(OUTBOX_TREE).map_err(sled_err)?,
         };
         let wal_dir = path.join(WAL_DIR);
         // The log of a layout-2 store holds layout-2 ops: replay it first.
@@ -232,8 +236,10 @@ impl Store {
         let replay_time = replay_started.elapsed();
         if found_layout == crate::keys::LAYOUT_2 {
             crate::migrate::from_layout_2(&db, path, &trees, FORMAT_KEY)?;
-        } else if found_layout == crate::keys::PREVIOUS_LAYOUT_VERSION {
-            crate::migrate::from_layout_3(&db, path, &trees, FORMAT_KEY)?;
+        } else if found_layout == crate::keys::PREVIOUS_LAYOUT_VERSION
+            || found_layout == crate::keys::LAYOUT_3
+        {
+            crate::migrate::mark(&db, path, &trees, FORMAT_KEY, found_layout)?;
         } else {
             crate::migrate::sweep(&trees, path)?;
         }
@@ -410,7 +416,6 @@ impl Store {
     /// `token >= fence(twin)` and `token >= fence(partition)`; with
     /// `if_match`, also iff the twin's version equals it. All or nothing,
     /// acknowledged once durable.
-    #[instrument(skip_all, fields(twin = %twin, token = token.0, partition))]
     pub async fn append(
         &self,
         twin: TwinId,
@@ -418,7 +423,37 @@ impl Store {
         events: Vec<NewEvent>,
         if_match: Option<u64>,
     ) -> Result<Appended, AppendError> {
+        self.append_with_effects(twin, token, events, Vec::new(), if_match)
+            .await
+    }
+
+    /// [`Store::append`] with each event's side effects (`effects[i]` for
+    /// `events[i]`; an empty `effects` for none): recorded in the outbox in
+    /// the same fenced commit as the events, only if the append is
+    /// admitted, and only for events that are not duplicates
+    /// (`outbox.rs`). Cluster mode does not take effects yet (`bad_event`).
+    #[instrument(skip_all, fields(twin = %twin, token = token.0, partition))]
+    pub async fn append_with_effects(
+        &self,
+        twin: TwinId,
+        token: FencingToken,
+        events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
+        if_match: Option<u64>,
+    ) -> Result<Appended, AppendError> {
+        if !effects.is_empty() && effects.len() != events.len() {
+            return Err(AppendError::BadEvent(format!(
+                "{} effect lists for {} events",
+                effects.len(),
+                events.len()
+            )));
+        }
         if let Some(route) = self.append_route.get() {
+            if effects.iter().any(|e| !e.is_empty()) {
+                return Err(AppendError::BadEvent(
+                    "effects are not supported in cluster mode yet (docs/outbox.md)".into(),
+                ));
+            }
             return route.append(twin, token, events, if_match).await;
         }
         let p = self.partition_of(&twin);
@@ -440,6 +475,7 @@ impl Store {
                 token,
                 events,
                 if_match,
+                effects,
             },
             reply,
         })
@@ -695,6 +731,111 @@ impl Store {
         self.refusals.list(p.0, None, limit)
     }
 
+    /// Outbox entries (effects of admitted events, `outbox.rs`) in key
+    /// order (partition, seq, effect index), optionally of one state only,
+    /// at most `limit`. Only durable entries exist in sled. A scan of the
+    /// whole outbox in the worst case.
+    pub fn outbox_list(
+        &self,
+        state: Option<crate::outbox::DeliveryState>,
+        limit: usize,
+    ) -> Result<Vec<crate::outbox::OutboxEntry>, crate::ReadError> {
+        let mut out = Vec::new();
+        for kv in self.trees.outbox.iter() {
+            if out.len() >= limit {
+                break;
+            }
+            let e = decode_outbox(kv?)?;
+            if state.is_none_or(|s| s == e.state) {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// How many outbox entries are in `state` (a scan of the whole outbox,
+    /// decoding each entry, keeping none).
+    pub fn outbox_count(
+        &self,
+        state: crate::outbox::DeliveryState,
+    ) -> Result<usize, crate::ReadError> {
+        let mut n = 0;
+        for kv in self.trees.outbox.iter() {
+            if decode_outbox(kv?)?.state == state {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// [`Store::outbox_list`] on tokio's blocking pool.
+    pub async fn outbox_list_async(
+        self: &Arc<Self>,
+        state: Option<crate::outbox::DeliveryState>,
+        limit: usize,
+    ) -> Result<Vec<crate::outbox::OutboxEntry>, crate::ReadError> {
+        let store = self.clone();
+        crate::read::off_worker(move || store.outbox_list(state, limit)).await
+    }
+
+    /// Partition `p`'s pending outbox entries after `after` (seq, index),
+    /// in order, up to the partition's durable head, at most `limit`. For
+    /// the dispatcher.
+    pub fn outbox_pending(
+        &self,
+        p: PartitionId,
+        after: Option<(u64, u16)>,
+        limit: usize,
+    ) -> Result<Vec<crate::outbox::OutboxEntry>, crate::ReadError> {
+        use crate::outbox::{key, DeliveryState};
+        let head = self.heads.get(p.0 as usize).map_or(0, |h| *h.borrow());
+        let hi = key(p.0, head, u16::MAX);
+        let mut out = Vec::new();
+        let range = match after {
+            Some((seq, index)) => (
+                std::ops::Bound::Excluded(key(p.0, seq, index)),
+                std::ops::Bound::Included(hi),
+            ),
+            None => (
+                std::ops::Bound::Included(key(p.0, 0, 0)),
+                std::ops::Bound::Included(hi),
+            ),
+        };
+        for kv in self.trees.outbox.range::<[u8; 14], _>(range) {
+            if out.len() >= limit {
+                break;
+            }
+            let e = decode_outbox(kv?)?;
+            if e.state == DeliveryState::Pending {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Store an outbox entry's new delivery state through the commit path
+    /// and wait until it is durable: a confirmed delivery recorded here is
+    /// never delivered again, even after a crash.
+    pub async fn outbox_update(
+        &self,
+        entry: &crate::outbox::OutboxEntry,
+    ) -> Result<(), StorageFailure> {
+        let (reply, rx) = oneshot::channel();
+        let closed = || {
+            StorageFailure::new(
+                "closed",
+                std::io::ErrorKind::BrokenPipe,
+                "the store is shutting down".into(),
+            )
+        };
+        self.send(Command::Write {
+            writes: vec![entry.write()],
+            reply: Some(reply),
+        })
+        .map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+
     /// Stop the sequencer after it decides what is queued, let the committer
     /// make it durable and answer it, and take a last checkpoint (so the next
     /// open has no log to replay). Bounded: if the disk does not answer
@@ -778,3 +919,12 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The sequencer is gone (the store is closed).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Closed;
+
+fn decode_outbox(
+    (k, v): (sled::IVec, sled::IVec),
+) -> Result<crate::outbox::OutboxEntry, crate::ReadError> {
+    codec::decode(&v).map_err(|source| crate::ReadError::Damaged {
+        key: k.to_vec(),
+        source,
+    })
+}

@@ -64,6 +64,8 @@ impl TreeId {
     pub const INGEST: TreeId = TreeId(0xFFFF_0005);
     /// The refusal journal (layout 4, `refusals.rs`).
     pub const REFUSALS: TreeId = TreeId(0xFFFF_0006);
+    /// The fenced outbox (layout 5, `outbox.rs`).
+    pub const OUTBOX: TreeId = TreeId(0xFFFF_0007);
 
     pub fn partition(p: u32) -> TreeId {
         TreeId(p)

@@ -40,6 +40,7 @@ use crate::ingest::{
     Source, DEAD_LETTER_VALUE_BYTES,
 };
 use crate::keys;
+use crate::outbox::{DeliveryState, OutboxEntry};
 use crate::records::{PartitionMeta, Snapshot, TokenGrant, TwinRecord};
 use crate::refusals::{Refusal, RefusalSource};
 use crate::sources::{RelayCheck, Sources};
@@ -75,6 +76,9 @@ pub(crate) struct AppendReq {
     pub token: FencingToken,
     pub events: Vec<NewEvent>,
     pub if_match: Option<u64>,
+    /// Each event's effects (the fenced outbox), in the events' order;
+    /// empty when no event declares any.
+    pub effects: Vec<Vec<palisade_core::effect::Effect>>,
 }
 
 pub(crate) type IngestReply = oneshot::Sender<Result<IngestOutcome, AppendError>>;
@@ -682,6 +686,7 @@ impl Sequencer {
                     token,
                     events,
                     if_match: None,
+                    effects: Vec::new(),
                 };
                 match part.append(ops, &req, Some(named)) {
                     Ok(a) => IngestOutcome::Applied(a),
@@ -1151,9 +1156,11 @@ impl Partition {
         let tree = self.tree_id();
         let mut seqs = Vec::with_capacity(cmd.events.len());
         let mut duplicates = 0;
-        for e in &cmd.events {
+        for (i, e) in cmd.events.iter().enumerate() {
             let dkey = keys::dedupe(&cmd.twin, &e.event_id);
             // Earlier events (this request's too) are in the window already.
+            // A duplicate's effects were recorded with its first copy (or
+            // it had none): a retry never records them twice.
             if let Some(seq) = self.dedupe.get(&dkey) {
                 seqs.push(seq);
                 duplicates += 1;
@@ -1178,6 +1185,29 @@ impl Partition {
                 .events
                 .push(seq, &cmd.twin, &holder, t, now_ms, event);
             self.dedupe.insert(dkey, seq);
+            // The event's effects, in this round: durable exactly when the
+            // event is (the fenced outbox, `outbox.rs`).
+            for (index, effect) in cmd.effects.get(i).into_iter().flatten().enumerate() {
+                let entry = OutboxEntry {
+                    partition: self.id.0,
+                    seq,
+                    index: u16::try_from(index).unwrap_or(u16::MAX),
+                    twin: cmd.twin.to_string(),
+                    event_id: e.event_id.clone(),
+                    token: t.0,
+                    created_at_ms: now_ms,
+                    effect: effect.clone(),
+                    state: DeliveryState::Pending,
+                    attempts: 0,
+                    last_error: None,
+                    updated_at_ms: 0,
+                };
+                let w = entry.write();
+                if let Some(v) = &w.value {
+                    ops.put(w.tree, &w.key, v);
+                }
+                self.shared.metrics.outbox_recorded();
+            }
             rec.version = seq;
             rec.events += 1;
             if rec.events % self.shared.snapshot_every == 0 {

@@ -2,15 +2,20 @@
 //! On-disk layout 2 (docs/decisions/0013-event-batches.md): events stored
 //! in batches, reads by seq that land inside a batch, the per-twin history
 //! index per batch, the bounded in-memory dedupe window across restarts,
-//! batched ingestion, and a layout-1 store refused at open.
+//! batched ingestion, and a layout-1 store refused at open. Layouts 3 and
+//! 4 migrated to 5 (refusal journal, outbox).
 
 mod support;
 
 use std::sync::Arc;
 
+use palisade_core::effect::{Effect, EffectKind};
 use palisade_core::{FencingToken, NewEvent, PartitionId, Scope, TwinId};
-use palisade_lease::AcquireRequest;
-use palisade_log::{AsOf, IngestOutcome, IngestRecord, OpenError, Source, Store, StoreConfig};
+use palisade_lease::{AcquireRequest, Lease};
+use palisade_log::{
+    AppendError, AsOf, DeliveryState, IngestOutcome, IngestRecord, LeaseOpError, OpenError, Source,
+    Store, StoreConfig,
+};
 
 fn cfg() -> StoreConfig {
     StoreConfig {
@@ -294,7 +299,7 @@ fn a_layout_1_store_is_refused_at_open() {
         Err(
             e @ OpenError::Format {
                 found: 1,
-                supported: 4,
+                supported: 5,
                 ..
             },
         ) => {
@@ -334,9 +339,9 @@ async fn a_held_folder_is_waited_for_then_refused_as_in_use() {
     store.close().await;
 }
 
-/// Layout 3 -> 4 (docs/decisions/0024-refusal-journal.md): a store a
+/// Layout 3 -> 5 (docs/decisions/0024-refusal-journal.md, 0030): a store a
 /// layout-3 build left (no `refusals` tree, `meta/format` 3) opens, keeps
-/// its events, is marked 4, and journals refusals from then on.
+/// its events, is marked 5 (this build's), and journals refusals from then on.
 #[tokio::test]
 async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
     let dir = tempfile::tempdir().unwrap();
@@ -360,9 +365,10 @@ async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
         lease.token
     };
     {
-        // What a layout-3 build left: no refusals tree, format 3.
+        // What a layout-3 build left: no refusals or outbox tree, format 3.
         let db = support::sled_open(dir.path());
         db.drop_tree("refusals").unwrap();
+        db.drop_tree("outbox").unwrap();
         db.open_tree("meta")
             .unwrap()
             .insert("format", &[3u8][..])
@@ -382,5 +388,131 @@ async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
     }
     let db = support::sled_open(dir.path());
     let format = db.open_tree("meta").unwrap().get("format").unwrap();
-    assert_eq!(format.as_deref(), Some(&[4u8][..]));
+    assert_eq!(format.as_deref(), Some(&[5u8][..]));
+}
+
+fn webhook(n: u64) -> Effect {
+    Effect {
+        kind: EffectKind::Webhook,
+        url: "http://127.0.0.1:9/hook".into(),
+        body: format!("{{\"n\":{n}}}"),
+        headers: Vec::new(),
+    }
+}
+
+/// Layout 4 -> 5 (docs/decisions/0030-fenced-outbox.md): a store a
+/// layout-4 build left (no `outbox` tree, `meta/format` 4) opens, keeps its
+/// events, is marked 5, and records effects from then on: those of an
+/// admitted append, in the same commit, and none of a refused (stale) one.
+#[tokio::test]
+async fn a_layout_4_store_opens_and_gains_the_outbox_which_only_admitted_appends_fill() {
+    let dir = tempfile::tempdir().unwrap();
+    let twin = TwinId::new("pump-4").unwrap();
+    async fn acquire(store: &Store, holder: &str) -> Result<Lease, LeaseOpError> {
+        store
+            .acquire(AcquireRequest {
+                scope: Scope::Twin(TwinId::new("pump-4").unwrap()),
+                holder: holder.into(),
+                ttl_ms: 60_000,
+                purpose: Default::default(),
+            })
+            .await
+    }
+    let old = {
+        let store = Store::open(dir.path(), cfg()).unwrap();
+        let lease = acquire(&store, "old").await.unwrap();
+        store
+            .append(twin.clone(), lease.token, vec![ev("before", 1)], None)
+            .await
+            .unwrap();
+        store.release(lease.id).await.unwrap();
+        store.close().await;
+        lease.token
+    };
+    {
+        let db = support::sled_open(dir.path());
+        db.drop_tree("outbox").unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .insert("format", &[4u8][..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let store = Store::open(dir.path(), cfg()).unwrap();
+        assert_eq!(store.twin_events(&twin, 0, 10).unwrap().len(), 1);
+        assert!(store.outbox_list(None, 100).unwrap().is_empty());
+        let new = acquire(&store, "new").await.unwrap();
+        // Stale: refused, and nothing in the outbox.
+        let r = store
+            .append_with_effects(
+                twin.clone(),
+                old,
+                vec![ev("stale", 9)],
+                vec![vec![webhook(9)]],
+                None,
+            )
+            .await;
+        assert!(matches!(r, Err(AppendError::Stale { .. })), "{r:?}");
+        assert!(store.outbox_list(None, 100).unwrap().is_empty());
+        // Admitted: its effects are durable when it is acknowledged.
+        let done = store
+            .append_with_effects(
+                twin.clone(),
+                new.token,
+                vec![ev("a", 2), ev("b", 3)],
+                vec![vec![webhook(2), webhook(22)], vec![]],
+                None,
+            )
+            .await
+            .unwrap();
+        let list = store.outbox_list(None, 100).unwrap();
+        let got: Vec<_> = list
+            .iter()
+            .map(|e| (e.seq, e.index, e.event_id.as_str(), e.token))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (done.seqs[0], 0, "a", new.token.0),
+                (done.seqs[0], 1, "a", new.token.0)
+            ]
+        );
+        assert_eq!(list[1].effect, webhook(22));
+        assert!(list.iter().all(|e| e.state == DeliveryState::Pending));
+        let p = store.partition_of(&twin);
+        assert_eq!(store.outbox_pending(p, None, 100).unwrap().len(), 2);
+        assert_eq!(
+            store
+                .outbox_pending(p, Some((done.seqs[0], 0)), 100)
+                .unwrap()
+                .len(),
+            1
+        );
+        // A delivery state written through the commit path is durable.
+        let mut e = list[0].clone();
+        e.state = DeliveryState::Delivered;
+        e.attempts = 1;
+        store.outbox_update(&e).await.unwrap();
+        store.close().await;
+    }
+    let store = Store::open(dir.path(), cfg()).unwrap();
+    let list = store.outbox_list(None, 100).unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0].state, DeliveryState::Delivered);
+    assert_eq!(
+        store
+            .outbox_list(Some(DeliveryState::Pending), 100)
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(store.outbox_count(DeliveryState::Pending).unwrap(), 1);
+    assert_eq!(store.outbox_count(DeliveryState::Delivered).unwrap(), 1);
+    assert_eq!(store.outbox_count(DeliveryState::Dead).unwrap(), 0);
+    store.close().await;
+    drop(store);
+    let db = support::sled_open(dir.path());
+    let format = db.open_tree("meta").unwrap().get("format").unwrap();
+    assert_eq!(format.as_deref(), Some(&[5u8][..]));
 }

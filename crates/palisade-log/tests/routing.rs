@@ -491,8 +491,8 @@ async fn a_layout_2_store_is_migrated_and_its_consumer_resumes() {
     store.close().await;
     drop(store);
 
-    // This build's layout on disk now (4: layout 2 goes straight there,
-    // decision 0024), the old keys gone.
+    // This build's layout on disk now (5: layout 2 goes straight there,
+    // decisions 0024 and 0030), the old keys gone.
     {
         let db = support::sled_open(dir.path());
         assert_eq!(
@@ -502,7 +502,7 @@ async fn a_layout_2_store_is_migrated_and_its_consumer_resumes() {
                 .unwrap()
                 .unwrap()
                 .as_ref(),
-            [4]
+            [5]
         );
         for p in 0..PARTITIONS {
             let tree = db.open_tree(format!("partition/{p:05}")).unwrap();

@@ -59,6 +59,22 @@ pub struct ServeConfig {
     /// (`GET /v1/twins/{id}/refusals`); past it the oldest go (1..=10000000).
     #[arg(long, env = "PALISADE_REFUSALS_PER_PARTITION", default_value_t = palisade_log::DEFAULT_REFUSALS_PER_PARTITION, value_parser = bounds::parser::<u64>(bounds::REFUSALS_PER_PARTITION))]
     pub refusals_per_partition: u64,
+    /// Outbox: delivery tries of one effect before it goes to the dead
+    /// list (1..=1000; docs/outbox.md).
+    #[arg(long, env = "PALISADE_OUTBOX_MAX_ATTEMPTS", default_value_t = 8, value_parser = bounds::parser::<u32>(bounds::OUTBOX_MAX_ATTEMPTS))]
+    pub outbox_max_attempts: u32,
+    /// Outbox: the wait after a failed try, in milliseconds, doubled after
+    /// each further failure up to `outbox_backoff_max_ms` (1..=3600000).
+    #[arg(long, env = "PALISADE_OUTBOX_BACKOFF_MS", default_value_t = 500, value_parser = bounds::parser::<u64>(bounds::OUTBOX_BACKOFF_MS))]
+    pub outbox_backoff_ms: u64,
+    /// Outbox: the longest wait between two tries, in milliseconds
+    /// (1..=3600000).
+    #[arg(long, env = "PALISADE_OUTBOX_BACKOFF_MAX_MS", default_value_t = 60_000, value_parser = bounds::parser::<u64>(bounds::OUTBOX_BACKOFF_MS))]
+    pub outbox_backoff_max_ms: u64,
+    /// Outbox: how long one delivery try may take, in milliseconds
+    /// (1..=3600000).
+    #[arg(long, env = "PALISADE_OUTBOX_TIMEOUT_MS", default_value_t = 10_000, value_parser = bounds::parser::<u64>(bounds::OUTBOX_BACKOFF_MS))]
+    pub outbox_timeout_ms: u64,
     /// sled page cache, in MiB (1..=1048576).
     #[arg(long, env = "PALISADE_CACHE_MB", default_value_t = 256, value_parser = bounds::parser::<u64>(bounds::CACHE_MB))]
     pub cache_mb: u64,
@@ -267,6 +283,17 @@ impl ServeConfig {
             (Some(_), _) => Err(ConfigError::Combination(
                 "--cluster-node (cluster mode) needs --lease-backend etcd and --kafka-brokers",
             )),
+        }
+    }
+
+    /// The outbox dispatcher's settings.
+    pub fn dispatch_config(&self) -> crate::outbox::DispatchConfig {
+        let ms = std::time::Duration::from_millis;
+        crate::outbox::DispatchConfig {
+            max_attempts: self.outbox_max_attempts,
+            backoff: ms(self.outbox_backoff_ms),
+            backoff_max: ms(self.outbox_backoff_max_ms),
+            timeout: ms(self.outbox_timeout_ms),
         }
     }
 

@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod config;
 pub mod fd_limit;
+pub mod outbox;
 pub mod security;
 pub mod serve;
 

@@ -79,6 +79,20 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             r
         })
     });
+    // The outbox dispatcher (outbox.rs): single-node only. In cluster mode
+    // only a partition's owner may dispatch, which is not built yet: the
+    // effects stay recorded and listed, nothing is delivered.
+    let dispatcher = if node.is_some() {
+        warn!("outbox dispatcher off: cluster mode does not dispatch effects yet (docs/outbox.md)");
+        None
+    } else {
+        let tasks = crate::outbox::start(&store, config.dispatch_config(), stop_rx.clone())?;
+        let gauge = tokio::spawn(crate::outbox::pending_gauge(
+            store.clone(),
+            std::time::Duration::from_secs(10),
+        ));
+        Some((tasks, gauge))
+    };
     // Installed here, before the ready line below: a SIGTERM sent as soon
     // as that line is read must stop the server cleanly, not kill it (the
     // signal's default action) because a task had not yet registered.
@@ -116,6 +130,14 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         )
         .await?;
     sweeper.abort();
+    if let Some((tasks, gauge)) = dispatcher {
+        gauge.abort();
+        // They end on the stop signal (a try in flight is abandoned and
+        // stays pending).
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
     let ingest_result = match ingester {
         Some(task) => task
             .await

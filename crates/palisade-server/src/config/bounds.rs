@@ -30,6 +30,10 @@ pub const MAX_BATCH_EVENTS: RangeInclusive<u64> = 1..=100_000;
 pub const SNAPSHOT_EVERY: RangeInclusive<u64> = 1..=1_000_000;
 /// Refusal journal entries kept per partition (decision 0024).
 pub const REFUSALS_PER_PARTITION: RangeInclusive<u64> = 1..=10_000_000;
+/// Outbox delivery tries per effect.
+pub const OUTBOX_MAX_ATTEMPTS: RangeInclusive<u64> = 1..=1_000;
+/// Outbox waits and timeouts, in milliseconds (up to an hour).
+pub const OUTBOX_BACKOFF_MS: RangeInclusive<u64> = 1..=3_600_000;
 /// sled's page cache in MiB: sled panics below 256 bytes, and the value is
 /// shifted into bytes (1 TiB leaves room in a u64).
 pub const CACHE_MB: RangeInclusive<u64> = 1..=1 << 20;

@@ -1,0 +1,274 @@
+#![allow(clippy::unwrap_used)]
+//! The fenced outbox's read side sees only what is durable: while the
+//! commit round holding an event and its effects waits for its
+//! `fdatasync` (held by a test hook), neither `outbox_list` nor
+//! `outbox_pending` (what the dispatcher reads) shows the effects; once the
+//! round is synced and applied they are there. A backup keeps the outbox
+//! with its delivery states. `docs/outbox.md`.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use palisade_core::effect::{Effect, EffectKind};
+use palisade_core::{NewEvent, Scope, TwinId};
+use palisade_lease::AcquireRequest;
+use palisade_log::{CommitHooks, Store, StoreConfig};
+
+#[derive(Debug, Default)]
+struct Gate {
+    state: Mutex<(bool, bool)>, // (hold, holding)
+    changed: Condvar,
+}
+
+impl CommitHooks for Gate {
+    fn before_sync(&self, _rounds: std::ops::RangeInclusive<u64>) -> std::io::Result<()> {
+        let mut s = self.state.lock().unwrap();
+        if s.0 {
+            s.1 = true;
+            self.changed.notify_all();
+            while s.0 {
+                s = self.changed.wait(s).unwrap();
+            }
+            s.1 = false;
+        }
+        Ok(())
+    }
+}
+
+impl Gate {
+    fn hold(&self, on: bool) {
+        self.state.lock().unwrap().0 = on;
+        self.changed.notify_all();
+    }
+
+    fn wait_holding(&self) {
+        let s = self.state.lock().unwrap();
+        let (s, t) = self
+            .changed
+            .wait_timeout_while(s, Duration::from_secs(10), |s| !s.1)
+            .unwrap();
+        assert!(s.1 && !t.timed_out(), "no sync reached the gate");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effects_are_readable_only_once_their_round_is_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let store = Arc::new(
+        Store::open(
+            dir.path(),
+            StoreConfig {
+                partitions: Some(1),
+                hooks: Some(gate.clone()),
+                ..StoreConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let twin = TwinId::new("fan-1").unwrap();
+    let lease = store
+        .acquire(AcquireRequest {
+            scope: Scope::Twin(twin.clone()),
+            holder: "w".into(),
+            ttl_ms: 60_000,
+            purpose: Default::default(),
+        })
+        .await
+        .unwrap();
+    gate.hold(true);
+    let effect = Effect {
+        kind: EffectKind::Webhook,
+        url: "http://127.0.0.1:9/x".into(),
+        body: "1".into(),
+        headers: Vec::new(),
+    };
+    let append = {
+        let (store, twin) = (store.clone(), twin.clone());
+        tokio::spawn(async move {
+            let ev = NewEvent {
+                event_id: "e1".into(),
+                event_type: "t".into(),
+                patch: serde_json::Map::new(),
+                hlc: None,
+            };
+            store
+                .append_with_effects(twin, lease.token, vec![ev], vec![vec![effect]], None)
+                .await
+        })
+    };
+    let g = gate.clone();
+    tokio::task::spawn_blocking(move || g.wait_holding())
+        .await
+        .unwrap();
+    // Decided and staged, not yet synced: invisible to every reader.
+    let p = store.partition_of(&twin);
+    assert!(store.outbox_list(None, 10).unwrap().is_empty());
+    assert!(store.outbox_pending(p, None, 10).unwrap().is_empty());
+    assert!(!append.is_finished());
+    gate.hold(false);
+    let done = append.await.unwrap().unwrap();
+    let pending = store.outbox_pending(p, None, 10).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].seq, done.seqs[0]);
+    assert_eq!(pending[0].idempotency_key(), "e1:0");
+    store.close().await;
+}
+
+/// A backup carries the outbox with its delivery states (they change in
+/// place, so they are read while writes are held); the restored store lists
+/// them as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_keeps_the_outbox_and_its_delivery_states() {
+    use palisade_log::backup::{frame, restore, FolderWriter, RestoreOptions};
+    use palisade_log::DeliveryState;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        Store::open(
+            &dir.path().join("data"),
+            StoreConfig {
+                partitions: Some(2),
+                ..StoreConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let twin = TwinId::new("fan-2").unwrap();
+    let lease = store
+        .acquire(AcquireRequest {
+            scope: Scope::Twin(twin.clone()),
+            holder: "w".into(),
+            ttl_ms: 60_000,
+            purpose: Default::default(),
+        })
+        .await
+        .unwrap();
+    let effect = |n: u8| Effect {
+        kind: EffectKind::Webhook,
+        url: format!("http://127.0.0.1:9/{n}"),
+        body: n.to_string(),
+        headers: vec![("X-N".into(), n.to_string())],
+    };
+    let ev = |id: &str| NewEvent {
+        event_id: id.into(),
+        event_type: "t".into(),
+        patch: serde_json::Map::new(),
+        hlc: None,
+    };
+    store
+        .append_with_effects(
+            twin.clone(),
+            lease.token,
+            vec![ev("e1"), ev("e2")],
+            vec![vec![effect(1)], vec![effect(2)]],
+            None,
+        )
+        .await
+        .unwrap();
+    let mut first = store.outbox_list(None, 10).unwrap()[0].clone();
+    first.state = DeliveryState::Delivered;
+    first.attempts = 2;
+    store.outbox_update(&first).await.unwrap();
+    let before = store.outbox_list(None, 10).unwrap();
+
+    let to = dir.path().join("backup");
+    let s = store.clone();
+    let to2 = to.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut w = FolderWriter::create(&to2).unwrap();
+        let mut manifest = Vec::new();
+        s.backup(&mut |kind, bytes| {
+            match kind {
+                frame::DATA => w.data(bytes).unwrap(),
+                frame::MANIFEST => manifest = bytes.to_vec(),
+                _ => {}
+            }
+            Ok(())
+        })
+        .unwrap();
+        w.finish(&manifest).unwrap();
+    })
+    .await
+    .unwrap();
+    store.close().await;
+    let restored = dir.path().join("restored");
+    restore(&to, &restored, &RestoreOptions::default(), &mut |_, _| {}).unwrap();
+    let store = Store::open(
+        &restored,
+        StoreConfig {
+            partitions: Some(2),
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(store.outbox_list(None, 10).unwrap(), before);
+    assert_eq!(before.len(), 2);
+    assert_eq!(before[0].state, DeliveryState::Delivered);
+    store.close().await;
+}
+
+/// Cluster mode routes appends through the partition's Kafka log, which
+/// carries no effects yet: an append with effects is refused
+/// (`bad_event`) before it is routed, so nothing is written anywhere and
+/// the effects are not silently dropped; one without effects is routed.
+#[tokio::test]
+async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
+    use palisade_core::{BoxFuture, FencingToken};
+    use palisade_log::{AppendError, AppendRoute, Appended};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Debug, Default)]
+    struct Route(AtomicUsize);
+    impl AppendRoute for Route {
+        fn append(
+            &self,
+            _twin: TwinId,
+            _token: FencingToken,
+            _events: Vec<NewEvent>,
+            _if_match: Option<u64>,
+        ) -> BoxFuture<'_, Result<Appended, AppendError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Err(AppendError::Closed) })
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+    let route = Arc::new(Route::default());
+    store.route_appends(route.clone()).unwrap();
+    let twin = TwinId::new("c-1").unwrap();
+    let ev = || NewEvent {
+        event_id: "e".into(),
+        event_type: "t".into(),
+        patch: serde_json::Map::new(),
+        hlc: None,
+    };
+    let effect = Effect {
+        kind: EffectKind::Webhook,
+        url: "http://h/x".into(),
+        body: "1".into(),
+        headers: Vec::new(),
+    };
+    let r = store
+        .append_with_effects(
+            twin.clone(),
+            FencingToken(1),
+            vec![ev()],
+            vec![vec![effect]],
+            None,
+        )
+        .await;
+    match r {
+        Err(AppendError::BadEvent(m)) => assert!(m.contains("cluster mode"), "{m}"),
+        other => panic!("expected bad_event, got {other:?}"),
+    }
+    assert_eq!(route.0.load(Ordering::SeqCst), 0);
+    // Without effects (or with empty lists) the append is routed.
+    let r = store
+        .append_with_effects(twin, FencingToken(1), vec![ev()], vec![vec![]], None)
+        .await;
+    assert!(matches!(r, Err(AppendError::Closed)), "{r:?}");
+    assert_eq!(route.0.load(Ordering::SeqCst), 1);
+    assert!(store.outbox_list(None, 10).unwrap().is_empty());
+    store.close().await;
+}

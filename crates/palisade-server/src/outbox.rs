@@ -1,0 +1,315 @@
+//! The outbox dispatcher (`docs/outbox.md`, decision 0030): delivers the
+//! effects the store recorded with admitted events.
+//!
+//! One task per partition, sequential: it reads the partition's pending
+//! entries in key order (seq, then effect index) from sled, which holds
+//! only what is durable, up to the partition's durable head, and delivers
+//! each before the next, so effects go out in order per partition (and so
+//! per twin). A webhook is an HTTP POST of the effect's body with
+//! `Idempotency-Key: <event_id>:<index>` and `Fencing-Token: <the event's
+//! token>`; a 2xx answer confirms it. The confirmation (state `delivered`)
+//! is made durable through the store's commit path before the next effect
+//! is tried, so a restart never repeats a confirmed delivery; a delivery
+//! whose confirmation was not yet durable when the store died is repeated,
+//! with the same idempotency key. A failed try is recorded durably too
+//! (`attempts`, `last_error`), then retried after a wait that doubles from
+//! `backoff` up to `backoff_max`; after `max_attempts` failed tries the
+//! effect is `dead`, with its last error, and the partition moves on.
+//!
+//! Single-node only: in cluster mode `palisade serve` does not start it
+//! (see `serve.rs`), since only a partition's owner may dispatch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_core::PartitionId;
+use palisade_log::{DeliveryState, OutboxEntry, Store};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+/// Dispatcher settings (`palisade serve --outbox-*`).
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    pub max_attempts: u32,
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+    pub timeout: Duration,
+}
+
+/// Entries read per scan of a partition.
+const BATCH: usize = 64;
+/// A partition with nothing to do looks again after this (or when its
+/// durable head moves, whichever comes first).
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Longest error text kept with an entry.
+const MAX_ERROR: usize = 512;
+
+/// Start one dispatching task per partition; they end once `stop` turns
+/// true (a delivery in flight is abandoned: it is still pending, so the
+/// next start delivers it again, with the same key).
+pub fn start(
+    store: &Arc<Store>,
+    config: DispatchConfig,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let client = reqwest::Client::builder()
+        .timeout(config.timeout)
+        // A receiver's redirect is its answer, not a new place to post to.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    info!(
+        partitions = store.partitions(),
+        max_attempts = config.max_attempts,
+        "outbox dispatcher started"
+    );
+    let config = Arc::new(config);
+    Ok((0..store.partitions())
+        .map(|p| {
+            let d = Dispatcher {
+                store: store.clone(),
+                client: client.clone(),
+                config: config.clone(),
+                partition: PartitionId(p),
+            };
+            let mut stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = d.run() => {}
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+            })
+        })
+        .collect())
+}
+
+struct Dispatcher {
+    store: Arc<Store>,
+    client: reqwest::Client,
+    config: Arc<DispatchConfig>,
+    partition: PartitionId,
+}
+
+impl Dispatcher {
+    async fn run(self) {
+        let Some(mut head) = self.store.watch_head(self.partition) else {
+            return;
+        };
+        // Everything at or before the cursor is delivered or dead: entries
+        // are only ever added at higher seqs (a new event's), so each scan
+        // starts after it instead of at the partition's first entry.
+        let mut cursor = None;
+        loop {
+            let found = self.drain(&mut cursor).await;
+            if let Some(f) = self.store.failure() {
+                // Fail-stop: no delivery state can be recorded any more, so
+                // every further try would be repeated after the restart.
+                warn!(partition = %self.partition, error = %f,
+                    "outbox: the store stopped after a storage failure; this partition's dispatcher stops until the restart");
+                return;
+            }
+            if !found {
+                // Woken by a durable head change (new events, maybe with
+                // effects) or the idle poll.
+                let _ = tokio::time::timeout(IDLE_POLL, head.changed()).await;
+            }
+        }
+    }
+
+    /// Deliver every pending entry durable now; whether any was found.
+    async fn drain(&self, cursor: &mut Option<(u64, u16)>) -> bool {
+        let mut found = false;
+        loop {
+            let (store, p, after) = (self.store.clone(), self.partition, *cursor);
+            let batch = tokio::task::spawn_blocking(move || store.outbox_pending(p, after, BATCH))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(partition = %self.partition, error = %e, "outbox: cannot read pending effects");
+                    tokio::time::sleep(IDLE_POLL).await;
+                    return found;
+                }
+            };
+            if batch.is_empty() {
+                return found;
+            }
+            found = true;
+            for entry in batch {
+                let at = (entry.seq, entry.index);
+                if self.deliver(entry).await {
+                    *cursor = Some(at);
+                } else {
+                    // The store cannot record states any more (stopped or
+                    // failed): stop here; what is left stays pending.
+                    tokio::time::sleep(IDLE_POLL).await;
+                    return found;
+                }
+            }
+        }
+    }
+
+    /// Try `entry` until it is delivered or dead, recording each outcome
+    /// durably. False if an outcome could not be recorded.
+    async fn deliver(&self, mut entry: OutboxEntry) -> bool {
+        loop {
+            let outcome = self.post(&entry).await;
+            entry.attempts = entry.attempts.saturating_add(1);
+            entry.updated_at_ms = now_ms();
+            match outcome {
+                Ok(()) => {
+                    entry.state = DeliveryState::Delivered;
+                    entry.last_error = None;
+                }
+                Err(e) => {
+                    entry.last_error = Some(truncate(e));
+                    if entry.attempts >= self.config.max_attempts {
+                        entry.state = DeliveryState::Dead;
+                    }
+                }
+            }
+            if let Err(f) = self.store.outbox_update(&entry).await {
+                warn!(error = %f, "outbox: a delivery state could not be made durable");
+                return false;
+            }
+            let metrics = self.store.metrics();
+            match entry.state {
+                DeliveryState::Delivered => {
+                    metrics.add(
+                        "palisade_outbox_delivered_total",
+                        "Effects delivered (the receiver answered 2xx), confirmation durable.",
+                        &[],
+                        1,
+                    );
+                    debug!(key = %entry.idempotency_key(), "outbox: delivered");
+                    return true;
+                }
+                DeliveryState::Dead => {
+                    metrics.add(
+                        "palisade_outbox_failed_total",
+                        "Failed delivery tries of outbox effects.",
+                        &[],
+                        1,
+                    );
+                    metrics.add(
+                        "palisade_outbox_dead_total",
+                        "Effects moved to the dead list after their last try failed.",
+                        &[],
+                        1,
+                    );
+                    warn!(key = %entry.idempotency_key(), attempts = entry.attempts,
+                        error = entry.last_error.as_deref().unwrap_or(""), "outbox: effect dead");
+                    return true;
+                }
+                DeliveryState::Pending => {
+                    metrics.add(
+                        "palisade_outbox_failed_total",
+                        "Failed delivery tries of outbox effects.",
+                        &[],
+                        1,
+                    );
+                    tokio::time::sleep(backoff(&self.config, entry.attempts)).await;
+                }
+            }
+        }
+    }
+
+    async fn post(&self, entry: &OutboxEntry) -> Result<(), String> {
+        let e = &entry.effect;
+        let mut req = self
+            .client
+            .post(&e.url)
+            .header("Content-Type", "application/json")
+            .header("Idempotency-Key", entry.idempotency_key())
+            .header("Fencing-Token", entry.token.to_string());
+        for (name, value) in &e.headers {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        let resp = req
+            .body(e.body.clone())
+            .send()
+            .await
+            .map_err(|x| format!("{x:#}"))?;
+        let status = resp.status();
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("the receiver answered {status}"))
+        }
+    }
+}
+
+/// The wait after the `attempts`-th failed try: `backoff * 2^(attempts-1)`,
+/// at most `backoff_max`.
+fn backoff(config: &DispatchConfig, attempts: u32) -> Duration {
+    let shift = attempts.saturating_sub(1).min(30);
+    config
+        .backoff
+        .saturating_mul(1 << shift)
+        .min(config.backoff_max)
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > MAX_ERROR {
+        let mut end = MAX_ERROR;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Count the pending effects into `palisade_outbox_pending` every
+/// `every` (a scan of the outbox).
+pub async fn pending_gauge(store: Arc<Store>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let s = store.clone();
+        let n = tokio::task::spawn_blocking(move || s.outbox_count(DeliveryState::Pending)).await;
+        if let Ok(Ok(n)) = n {
+            #[allow(clippy::cast_precision_loss)]
+            store.metrics().set_gauge(
+                "palisade_outbox_pending",
+                "Effects recorded and not yet delivered or dead (counted every 10 s).",
+                &[],
+                n as f64,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_its_base_up_to_its_cap() {
+        let config = DispatchConfig {
+            max_attempts: 8,
+            backoff: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(1_000),
+            timeout: Duration::from_secs(1),
+        };
+        let wait = |n| backoff(&config, n).as_millis();
+        assert_eq!(
+            [1, 2, 3, 4, 5, 40].map(wait),
+            [100, 200, 400, 800, 1_000, 1_000]
+        );
+    }
+
+    #[test]
+    fn long_errors_are_cut_on_a_char_boundary() {
+        let e = truncate("é".repeat(MAX_ERROR));
+        assert!(e.len() <= MAX_ERROR && e.len() >= MAX_ERROR - 1);
+        assert_eq!(truncate("short".into()), "short");
+    }
+}
