@@ -20,7 +20,7 @@
 //!   cleanly (every forward's offset stored, so nothing is forwarded again),
 //!   its next copies continue the chains it stored.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use palisade::core::{partition_for, TwinId};
@@ -309,6 +309,35 @@ async fn records_of_any_partition_are_forwarded_and_applied_once_when_installed(
     let landed = produce(&producer, &topic, &recs).await;
     let all: Vec<&Node> = nodes.iter().collect();
     wait_histories(&all, &want, "phase 1").await;
+    // Cluster mode reports each assigned partition's lag, as the single node
+    // does: between them the nodes cover every partition (measured every 5 s).
+    let started = Instant::now();
+    loop {
+        let mut reported = BTreeSet::new();
+        for n in &nodes {
+            let text = http()
+                .get(format!("{}/metrics", n.base))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            for l in text.lines() {
+                if let Some(rest) = l.strip_prefix("palisade_kafka_lag{partition=\"") {
+                    reported.insert(rest.split('"').next().unwrap().to_owned());
+                }
+            }
+        }
+        if reported.len() == PARTITIONS as usize {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "lag reported for partitions {reported:?} of {PARTITIONS}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // Stale records are listed by the node that decided them, naming where
     // they were produced.
     let started = Instant::now();

@@ -339,6 +339,13 @@ impl ClusterIngester {
         }
         consumer.subscribe(&[&cfg.topic])?;
         info!("cluster: consuming");
+        // Lag per assigned partition, and the progress of a partition
+        // rebuilt after a handoff (a replay from its stored offset).
+        let lag = tokio::spawn(crate::ingester::report_lag(
+            consumer.clone(),
+            store.clone(),
+            cfg.topic.clone(),
+        ));
         let (done_tx, mut rx) = mpsc::channel::<Done>(4096);
         let (tx, mut steps) = mpsc::channel::<Step>(4096);
         let stepper = {
@@ -570,6 +577,7 @@ impl ClusterIngester {
         }
         .await;
         drop(tx);
+        lag.abort();
         let stepped = stepper.await.unwrap_or(Ok(()));
         let acked = acker.await.unwrap_or(Ok(()));
         result.and(stepped).and(acked)

@@ -592,9 +592,17 @@ pub(crate) fn outcome_index(o: &IngestOutcome) -> usize {
 
 /// Lag per assigned partition: high watermark minus the next offset to apply.
 /// For dashboards only: some brokers (tansu 0.6) report wrong watermarks,
-/// and nothing depends on this number.
-async fn report_lag(consumer: Arc<Consumer_>, store: Arc<Store>, topic: String) {
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
+/// and nothing depends on this number. Used by the single-node ingester and
+/// by cluster mode, where a partition gained in a rebalance is rebuilt by
+/// replaying it: while a partition is far behind, a progress line with its
+/// rate and ETA is logged on every tick ([`catch_up_line`]).
+pub(crate) async fn report_lag<C, X>(consumer: Arc<C>, store: Arc<Store>, topic: String)
+where
+    C: Consumer<X> + Send + Sync + 'static,
+    X: ConsumerContext + 'static,
+{
+    let mut tick = tokio::time::interval(LAG_EVERY);
+    let mut before: std::collections::HashMap<i32, u64> = std::collections::HashMap::new();
     loop {
         tick.tick().await;
         // A partition list is not Send: copy the numbers out first.
@@ -625,14 +633,69 @@ async fn report_lag(consumer: Arc<Consumer_>, store: Arc<Store>, topic: String) 
                         .flatten()
                 })
                 .map_or(0, |o| o.saturating_add(1));
+            let lag = (high.max(0).cast_unsigned()).saturating_sub(next);
             #[allow(clippy::cast_precision_loss)]
-            let lag = (high.max(0) as u64).saturating_sub(next) as f64;
             store.metrics().set_gauge(
                 "palisade_kafka_lag",
                 "Records in Kafka not yet applied (high watermark - next offset).",
                 &[("partition", &p.to_string())],
-                lag,
+                lag as f64,
             );
+            if let Some(line) = catch_up_line(before.insert(p, lag), lag, LAG_EVERY) {
+                info!(partition = p, lag, "{line}");
+            }
         }
+    }
+}
+
+/// How often lag is measured (and catch-up progress logged).
+const LAG_EVERY: Duration = Duration::from_secs(5);
+/// Records behind from which a partition's catch-up is logged.
+const CATCH_UP_LOGGED_FROM: u64 = 1_000;
+
+/// The progress line of a partition `lag` records behind that was
+/// `before` records behind one tick (`every`) ago: applied records per
+/// second and the time left at that rate. `None` below
+/// [`CATCH_UP_LOGGED_FROM`] records (a live partition's normal lag).
+fn catch_up_line(before: Option<u64>, lag: u64, every: Duration) -> Option<String> {
+    if lag < CATCH_UP_LOGGED_FROM {
+        return None;
+    }
+    let Some(before) = before else {
+        return Some(format!("catching up: {lag} records behind"));
+    };
+    // Applied in the tick, net of what was produced meanwhile.
+    #[allow(clippy::cast_precision_loss)]
+    let rate = before.saturating_sub(lag) as f64 / every.as_secs_f64();
+    if rate <= 0.0 {
+        return Some(format!("catching up: {lag} records behind, not gaining"));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let eta = lag as f64 / rate;
+    Some(format!(
+        "catching up: {lag} records behind, {rate:.0} records/s, about {eta:.0} s left"
+    ))
+}
+
+#[cfg(test)]
+mod catch_up_tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_logged_only_for_a_partition_far_behind() {
+        let every = Duration::from_secs(5);
+        assert_eq!(catch_up_line(Some(900), 999, every), None);
+        assert_eq!(
+            catch_up_line(None, 50_000, every).unwrap(),
+            "catching up: 50000 records behind"
+        );
+        assert_eq!(
+            catch_up_line(Some(60_000), 50_000, every).unwrap(),
+            "catching up: 50000 records behind, 2000 records/s, about 25 s left"
+        );
+        assert_eq!(
+            catch_up_line(Some(40_000), 50_000, every).unwrap(),
+            "catching up: 50000 records behind, not gaining"
+        );
     }
 }
