@@ -1134,7 +1134,12 @@ mod tests {
         assert!(!to.exists());
         let done = restore(&from, &to, &opts(Some(500)), &mut |_, _| {}).unwrap();
         assert_eq!(done.fence, 500);
-        let db = sled::open(&to).unwrap();
+        // The restore's own sled handle is dropped, but sled's pool may hold
+        // the db file's lock a moment longer (seen in CI as "could not
+        // acquire lock"): open it as `Store::open` does, waiting for it.
+        let Ok(db) = crate::store::open_sled(&to, 1 << 20) else {
+            panic!("the restored store could not be opened");
+        };
         let p = db.open_tree("partition/00000").unwrap();
         let meta: PartitionMeta = codec::decode(&p.get(keys::META_KEY).unwrap().unwrap()).unwrap();
         assert_eq!(meta.fence, 500);

@@ -877,14 +877,14 @@ impl Store {
 /// reopen in CI). Another process holding the folder is refused after it.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
 
-enum SledOpen {
+pub(crate) enum SledOpen {
     /// sled's lock on the `db` file is held (by another process, or still
     /// by this one's previous handle).
     InUse,
     Other(sled::Error),
 }
 
-fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, SledOpen> {
+pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, SledOpen> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
         let r = sled::Config::new()
