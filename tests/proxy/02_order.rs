@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::support::{lease_id_of, token_of};
-use super::{acquire_when_free, put, ProxyProcess, Upstream};
+use super::{acquire_when_free, hand_over, put, ProxyProcess, Upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_holders_reach_the_upstream_in_token_order() {
@@ -151,14 +151,7 @@ async fn a_newer_holders_request_waits_for_the_older_one_in_flight() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     // A's lease goes (released here; expiry is the same), B takes over.
-    assert_eq!(
-        store
-            .delete(&format!("/v1/leases/{}", lease_id_of(&a)))
-            .await
-            .status,
-        204
-    );
-    let tb = token_of(&store.acquire("twin/part-8", "worker-b", 60_000).await);
+    let tb = hand_over(&store, &a, "twin/part-8").await;
     let url = proxy.url.clone();
     let b = tokio::spawn(async move {
         put(

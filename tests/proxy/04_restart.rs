@@ -5,8 +5,8 @@
 
 use serde_json::json;
 
-use super::support::{lease_id_of, token_of};
-use super::{put, ProxyProcess, Upstream};
+use super::support::token_of;
+use super::{hand_over, put, ProxyProcess, Upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_survive_a_proxy_crash() {
@@ -26,15 +26,8 @@ async fn fences_survive_a_proxy_crash() {
     )
     .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    // A releases (or its lease would expire); B takes over and writes.
-    assert_eq!(
-        store
-            .delete(&format!("/v1/leases/{}", lease_id_of(&a)))
-            .await
-            .status,
-        204
-    );
-    let tb = token_of(&store.acquire("twin/part-5", "worker-b", 60_000).await);
+    // A's lease goes (released here; expiry is the same), B takes over.
+    let tb = hand_over(&store, &a, "twin/part-5").await;
     let r = put(
         &proxy.url,
         "part-5",
@@ -98,14 +91,8 @@ async fn sigterm_stops_cleanly_and_the_fences_stay() {
     let store = proxy.store();
     let a = store.acquire("twin/part-5", "worker-a", 60_000).await;
     let ta = token_of(&a);
-    assert_eq!(
-        store
-            .delete(&format!("/v1/leases/{}", lease_id_of(&a)))
-            .await
-            .status,
-        204
-    );
-    let tb = token_of(&store.acquire("twin/part-5", "worker-b", 60_000).await);
+    // A's lease goes (released here; expiry is the same), B takes over.
+    let tb = hand_over(&store, &a, "twin/part-5").await;
     let r = put(
         &proxy.url,
         "part-5",

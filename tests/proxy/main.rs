@@ -288,6 +288,16 @@ pub async fn acquire_when_free(
     }
 }
 
+/// A's lease `a` goes (released here; expiry is the same) and `worker-b`
+/// takes `scope` over: B's token.
+pub async fn hand_over(store: &support::Client, a: &Value, scope: &str) -> u64 {
+    let r = store
+        .delete(&format!("/v1/leases/{}", support::lease_id_of(a)))
+        .await;
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    support::token_of(&store.acquire(scope, "worker-b", 60_000).await)
+}
+
 /// The proxy's counter line `name` (with labels) from `/metrics`, or 0.
 pub async fn metric(proxy: &str, line: &str) -> u64 {
     let text = reqwest::get(format!("{proxy}/metrics"))
