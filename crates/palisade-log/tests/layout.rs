@@ -10,8 +10,8 @@ mod support;
 use std::sync::Arc;
 
 use palisade_core::effect::{Effect, EffectKind};
-use palisade_core::{FencingToken, NewEvent, PartitionId, Scope, TwinId};
-use palisade_lease::{AcquireRequest, Lease};
+use palisade_core::{FencingToken, NewEvent, PartitionId, TwinId};
+use palisade_lease::Lease;
 use palisade_log::{
     AppendError, AsOf, DeliveryState, IngestOutcome, IngestRecord, LeaseOpError, OpenError, Source,
     Store, StoreConfig,
@@ -38,13 +38,7 @@ fn ev(id: &str, n: u64) -> NewEvent {
 }
 
 async fn lease(store: &Store, twin: &TwinId) -> FencingToken {
-    store
-        .acquire(AcquireRequest {
-            scope: Scope::Twin(twin.clone()),
-            holder: format!("holder-{twin}"),
-            ttl_ms: 60_000,
-            purpose: Default::default(),
-        })
+    support::twin_lease(store, twin, &format!("holder-{twin}"))
         .await
         .unwrap()
         .token
@@ -348,15 +342,7 @@ async fn a_layout_3_store_opens_and_gains_the_refusal_journal() {
     let twin = TwinId::new("pump-3").unwrap();
     let token = {
         let store = Store::open(dir.path(), cfg()).unwrap();
-        let lease = store
-            .acquire(AcquireRequest {
-                scope: Scope::Twin(twin.clone()),
-                holder: "old".into(),
-                ttl_ms: 60_000,
-                purpose: Default::default(),
-            })
-            .await
-            .unwrap();
+        let lease = support::twin_lease(&store, &twin, "old").await.unwrap();
         store
             .append(twin.clone(), lease.token, vec![ev("before", 1)], None)
             .await
@@ -409,14 +395,7 @@ async fn a_layout_4_store_opens_and_gains_the_outbox_which_only_admitted_appends
     let dir = tempfile::tempdir().unwrap();
     let twin = TwinId::new("pump-4").unwrap();
     async fn acquire(store: &Store, holder: &str) -> Result<Lease, LeaseOpError> {
-        store
-            .acquire(AcquireRequest {
-                scope: Scope::Twin(TwinId::new("pump-4").unwrap()),
-                holder: holder.into(),
-                ttl_ms: 60_000,
-                purpose: Default::default(),
-            })
-            .await
+        support::twin_lease(store, &TwinId::new("pump-4").unwrap(), holder).await
     }
     let old = {
         let store = Store::open(dir.path(), cfg()).unwrap();

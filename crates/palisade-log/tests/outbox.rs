@@ -6,12 +6,13 @@
 //! round is synced and applied they are there. A backup keeps the outbox
 //! with its delivery states. `docs/outbox.md`.
 
+mod support;
+
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use palisade_core::effect::{Effect, EffectKind};
-use palisade_core::{NewEvent, Scope, TwinId};
-use palisade_lease::AcquireRequest;
+use palisade_core::{NewEvent, TwinId};
 use palisade_log::{CommitHooks, Store, StoreConfig};
 
 #[derive(Debug, Default)]
@@ -67,15 +68,7 @@ async fn effects_are_readable_only_once_their_round_is_synced() {
         .unwrap(),
     );
     let twin = TwinId::new("fan-1").unwrap();
-    let lease = store
-        .acquire(AcquireRequest {
-            scope: Scope::Twin(twin.clone()),
-            holder: "w".into(),
-            ttl_ms: 60_000,
-            purpose: Default::default(),
-        })
-        .await
-        .unwrap();
+    let lease = support::twin_lease(&store, &twin, "w").await.unwrap();
     gate.hold(true);
     let effect = Effect {
         kind: EffectKind::Webhook,
@@ -135,15 +128,7 @@ async fn a_backup_keeps_the_outbox_and_its_delivery_states() {
         .unwrap(),
     );
     let twin = TwinId::new("fan-2").unwrap();
-    let lease = store
-        .acquire(AcquireRequest {
-            scope: Scope::Twin(twin.clone()),
-            holder: "w".into(),
-            ttl_ms: 60_000,
-            purpose: Default::default(),
-        })
-        .await
-        .unwrap();
+    let lease = support::twin_lease(&store, &twin, "w").await.unwrap();
     let effect = |n: u8| Effect {
         kind: EffectKind::Webhook,
         url: format!("http://127.0.0.1:9/{n}"),

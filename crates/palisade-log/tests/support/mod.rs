@@ -1,4 +1,6 @@
-//! Helpers shared by this crate's test binaries.
+//! Helpers shared by this crate's test binaries (not every binary uses
+//! every helper).
+#![allow(dead_code)]
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -22,4 +24,20 @@ pub fn sled_open(path: &Path) -> sled::Db {
             Err(e) => panic!("sled::open({}): {e}", path.display()),
         }
     }
+}
+
+/// Take a 60 s correctness lease on `twin` for `holder`.
+pub async fn twin_lease(
+    store: &palisade_log::Store,
+    twin: &palisade_core::TwinId,
+    holder: &str,
+) -> Result<palisade_lease::Lease, palisade_log::LeaseOpError> {
+    store
+        .acquire(palisade_lease::AcquireRequest {
+            scope: palisade_core::Scope::Twin(twin.clone()),
+            holder: holder.into(),
+            ttl_ms: 60_000,
+            purpose: palisade_core::Purpose::Correctness,
+        })
+        .await
 }
