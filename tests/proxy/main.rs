@@ -78,10 +78,47 @@ pub struct Upstream {
     in_flight: Arc<Mutex<(usize, usize)>>,
 }
 
+/// The upstream's listener over TLS: each accepted connection's handshake
+/// first (a failed one is dropped).
+struct TlsListener {
+    tcp: TcpListener,
+    tls: palisade::http::tls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(s) = self.tls.accept(stream).await {
+                return (s, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
 impl Upstream {
     pub async fn start() -> Self {
+        Self::serve(None).await
+    }
+
+    /// The same upstream over HTTPS with this certificate and key.
+    pub async fn start_tls(cert: &Path, key: &Path) -> Self {
+        Self::serve(Some(palisade::http::tls::acceptor(cert, key).unwrap())).await
+    }
+
+    async fn serve(tls: Option<palisade::http::tls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let up = Self {
             url,
             seen: Arc::default(),
@@ -95,7 +132,13 @@ impl Upstream {
                 async move { s.handle(method, uri, headers, body).await }
             },
         );
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        match tls {
+            None => tokio::spawn(async move { axum::serve(listener, app).await.unwrap() }),
+            Some(tls) => tokio::spawn(async move {
+                let l = TlsListener { tcp: listener, tls };
+                axum::serve(l, app).await.unwrap();
+            }),
+        };
         up
     }
 

@@ -157,6 +157,21 @@ impl Security {
         })
     }
 
+    /// Read and check a security file (TOML, `SecurityFile`): what
+    /// `palisade serve --security` and `palisade proxy --security` take.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read security file {}: {e}", path.display()))?;
+        let f: SecurityFile = toml::from_str(&text).map_err(|e| {
+            format!(
+                "security file {}: {}",
+                path.display(),
+                e.to_string().trim_end()
+            )
+        })?;
+        Self::from_file(&f).map_err(|e| format!("security file {}: {e}", path.display()))
+    }
+
     pub fn auth_enabled(&self) -> bool {
         self.auth.is_some()
     }

@@ -9,14 +9,20 @@
 //! trail. A retried request (same idempotency key) is a duplicate event:
 //! acknowledged again, not stored twice, and still fenced (the store checks
 //! the fence before its dedupe).
+//!
+//! Both modes ask the store the same question the same way: a `POST
+//! /v1/twins/{twin}/events` with the caller's token and key. Embedded, it
+//! goes to the store's own routes in this process (no socket), so
+//! authentication, the policy, token ownership, limits and the audit log
+//! are the store's own there too, from `--security`; remote, to a running
+//! `palisade serve` over HTTP(S).
 
-use std::sync::Arc;
-
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use palisade_core::{FencingToken, NewEvent, TwinId};
-use palisade_log::Store;
+use palisade_core::{FencingToken, TwinId};
 use serde_json::{json, Map, Value};
+use tower_service::Service;
 
 /// The event type of an admission record in the twin's history.
 pub const ADMITTED_TYPE: &str = "palisade.proxy.admitted";
@@ -42,8 +48,9 @@ fn cut(s: &str, max: usize) -> &str {
 /// Where admissions are decided.
 #[derive(Debug, Clone)]
 pub enum Admitter {
-    /// The store opened by this process (`--data`).
-    Embedded(Arc<Store>),
+    /// The store opened by this process (`--data`), asked through its own
+    /// HTTP routes (`palisade_http::router`) in process.
+    Embedded(axum::Router),
     /// A running `palisade serve` (`--store-url`), through its HTTP API.
     Remote {
         http: reqwest::Client,
@@ -62,7 +69,7 @@ pub struct Admission<'a> {
     pub path: &'a str,
     pub body_sha256: &'a str,
     pub request_id: &'a str,
-    /// `Authorization` value to present to a remote store (the caller's
+    /// `Authorization` value to present to the store (the caller's
     /// `Palisade-Authorization`), when auth is on.
     pub authorization: Option<&'a HeaderValue>,
 }
@@ -72,7 +79,7 @@ pub struct Admission<'a> {
 #[derive(Debug)]
 pub struct Refused {
     pub reason: String,
-    pub response: Response,
+    pub response: Box<Response>,
 }
 
 /// An admitted request: `duplicate` when its idempotency key was admitted
@@ -140,59 +147,57 @@ impl Admitter {
         event_type: &str,
         patch: Map<String, Value>,
     ) -> Result<Admitted, Refused> {
-        match self {
-            Self::Embedded(store) => {
-                let event = NewEvent {
-                    event_id,
-                    event_type: event_type.into(),
-                    patch,
-                    hlc: None,
-                };
-                match store
-                    .append(a.twin.clone(), a.token, vec![event], None)
-                    .await
-                {
-                    Ok(done) => Ok(Admitted {
-                        duplicate: done.duplicates > 0,
-                    }),
-                    Err(e) => {
-                        let api = palisade_http::ApiError::from(e);
-                        Err(Refused {
-                            reason: api.name().to_owned(),
-                            response: api.into_response(),
-                        })
-                    }
+        let body = json!({
+            "event_id": event_id,
+            "type": event_type,
+            "patch": Value::Object(patch),
+        });
+        let (status, bytes) = match self {
+            Self::Embedded(router) => {
+                let url = events_url("http://embedded", a.twin)?;
+                let mut req = axum::http::Request::post(url.path())
+                    .header(CONTENT_TYPE, "application/json")
+                    .header("fencing-token", a.token.0.to_string());
+                if let Some(auth) = a.authorization {
+                    req = req.header(AUTHORIZATION, auth.clone());
                 }
-            }
-            Self::Remote { http, base } => {
-                let mut url = reqwest::Url::parse(base).map_err(|e| {
-                    proxy_error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "store_url",
-                        &format!("bad store URL {base:?}: {e}"),
-                    )
-                })?;
-                url.path_segments_mut()
-                    .map_err(|()| {
+                let req = req
+                    .body(axum::body::Body::from(body.to_string()))
+                    .map_err(|e| {
+                        proxy_error(StatusCode::BAD_REQUEST, "bad_request", &e.to_string())
+                    })?;
+                let mut svc = router.clone();
+                // A router is always ready; its error type is Infallible.
+                let resp = match std::future::poll_fn(|cx| {
+                    Service::<axum::http::Request<axum::body::Body>>::poll_ready(&mut svc, cx)
+                })
+                .await
+                {
+                    Ok(()) => match svc.call(req).await {
+                        Ok(r) => r,
+                        Err(never) => match never {},
+                    },
+                    Err(never) => match never {},
+                };
+                let status = resp.status();
+                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                    .await
+                    .map_err(|e| {
                         proxy_error(
                             StatusCode::INTERNAL_SERVER_ERROR,
-                            "store_url",
-                            "the store URL cannot take a path",
+                            "store_error",
+                            &format!("the store's admission answer could not be read: {e}"),
                         )
-                    })?
-                    .pop_if_empty()
-                    .extend(["v1", "twins", a.twin.as_str(), "events"]);
-                let body = json!({
-                    "event_id": event_id,
-                    "type": event_type,
-                    "patch": Value::Object(patch),
-                });
+                    })?;
+                (status, bytes)
+            }
+            Self::Remote { http, base } => {
                 let mut req = http
-                    .post(url)
+                    .post(events_url(base, a.twin)?)
                     .header("fencing-token", a.token.0.to_string())
                     .json(&body);
                 if let Some(auth) = a.authorization {
-                    req = req.header("authorization", auth.clone());
+                    req = req.header(AUTHORIZATION, auth.clone());
                 }
                 let resp = req.send().await.map_err(|e| {
                     proxy_error(
@@ -209,29 +214,44 @@ impl Admitter {
                         &format!("the store's admission answer was cut off: {e}"),
                     )
                 })?;
-                let parsed: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                if status.is_success() {
-                    let duplicate = parsed
-                        .get("duplicates")
-                        .and_then(Value::as_u64)
-                        .is_some_and(|d| d > 0);
-                    return Ok(Admitted { duplicate });
-                }
-                // The store's own status and error body, as it gave them.
-                let reason = parsed
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("store_error")
-                    .to_owned();
-                let mut response = (status, bytes).into_response();
-                response.headers_mut().insert(
-                    axum::http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                Err(Refused { reason, response })
+                (status, bytes)
             }
+        };
+        let parsed: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if status.is_success() {
+            let duplicate = parsed
+                .get("duplicates")
+                .and_then(Value::as_u64)
+                .is_some_and(|d| d > 0);
+            return Ok(Admitted { duplicate });
         }
+        // The store's own status and error body, as it gave them.
+        let reason = parsed
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("store_error")
+            .to_owned();
+        let mut response = (status, bytes).into_response();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Err(Refused {
+            reason,
+            response: Box::new(response),
+        })
     }
+}
+
+/// `{base}/v1/twins/{twin}/events`, the twin's id percent-encoded.
+fn events_url(base: &str, twin: &TwinId) -> Result<reqwest::Url, Refused> {
+    let bad = |m: String| proxy_error(StatusCode::INTERNAL_SERVER_ERROR, "store_url", &m);
+    let mut url =
+        reqwest::Url::parse(base).map_err(|e| bad(format!("bad store URL {base:?}: {e}")))?;
+    url.path_segments_mut()
+        .map_err(|()| bad("the store URL cannot take a path".into()))?
+        .pop_if_empty()
+        .extend(["v1", "twins", twin.as_str(), "events"]);
+    Ok(url)
 }
 
 /// An error of the proxy's own, in the store's error shape
@@ -239,7 +259,7 @@ impl Admitter {
 pub fn proxy_error(status: StatusCode, name: &str, message: &str) -> Refused {
     Refused {
         reason: name.to_owned(),
-        response: error_response(status, name, message, Value::Null),
+        response: Box::new(error_response(status, name, message, Value::Null)),
     }
 }
 

@@ -19,7 +19,7 @@ mod scope;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +30,7 @@ use axum::response::{IntoResponse, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use palisade_core::{FencingToken, TwinId};
+use palisade_http::Security;
 use palisade_log::{Store, StoreConfig};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -50,8 +51,8 @@ pub struct ProxyArgs {
     /// Address the proxy listens on.
     #[arg(long, env = "PALISADE_PROXY_LISTEN", default_value = "127.0.0.1:7080")]
     pub listen: String,
-    /// Base URL of the API behind the proxy (http only), e.g.
-    /// `http://plm.internal:8080`; a request's path and query are appended.
+    /// Base URL of the API behind the proxy (http or https), e.g.
+    /// `https://plm.internal:8443`; a request's path and query are appended.
     #[arg(long, env = "PALISADE_PROXY_UPSTREAM")]
     pub upstream: String,
     /// Embedded store: open this data folder in this process (no other
@@ -63,12 +64,29 @@ pub struct ProxyArgs {
         required_unless_present = "store_url"
     )]
     pub data: Option<PathBuf>,
-    /// Remote store: the URL of a running `palisade serve` (http only);
-    /// admissions go through its HTTP API.
+    /// Remote store: the URL of a running `palisade serve` (http or
+    /// https); admissions go through its HTTP API.
     #[arg(long, env = "PALISADE_PROXY_STORE_URL")]
     pub store_url: Option<String>,
+    /// With --data: the store's security file (principals, roles, limits;
+    /// docs/security.md), as `palisade serve --security` takes it. The
+    /// admission then needs the caller's key (`Palisade-Authorization`) and
+    /// a token granted to that principal, and --store-listen serves the
+    /// store's API with the same principals.
+    #[arg(long, env = "PALISADE_PROXY_SECURITY", requires = "data")]
+    pub security: Option<PathBuf>,
+    /// PEM file of the root certificate(s) trusted for an https --upstream
+    /// (the proxy trusts no built-in roots).
+    #[arg(long, env = "PALISADE_PROXY_UPSTREAM_CA_FILE")]
+    pub upstream_ca_file: Option<PathBuf>,
+    /// PEM file of the root certificate(s) trusted for an https
+    /// --store-url.
+    #[arg(long, env = "PALISADE_PROXY_STORE_CA_FILE", requires = "store_url")]
+    pub store_ca_file: Option<PathBuf>,
     /// With --data: also serve the embedded store's own API (leases, reads)
-    /// on this address, so workers can take their leases from it.
+    /// on this address, so workers can take their leases from it. Loopback
+    /// only, unless --security turns authentication on and TLS is on (the
+    /// same --tls-cert/--tls-key) or --insecure is given.
     #[arg(long, env = "PALISADE_PROXY_STORE_LISTEN", requires = "data")]
     pub store_listen: Option<String>,
     /// Scope rule: a path pattern naming the twin, e.g.
@@ -154,16 +172,28 @@ pub async fn run(
     if args.upstream_timeout_ms == 0 {
         bail!("--upstream-timeout-ms must be at least 1");
     }
+    let security = match &args.security {
+        Some(path) => Security::load(path).map_err(anyhow::Error::msg)?,
+        None => Security::default(),
+    };
     let store_listen: Option<SocketAddr> = match &args.store_listen {
         Some(a) => {
             let addr: SocketAddr = a
                 .parse()
                 .with_context(|| format!("--store-listen {a:?} is not an address:port"))?;
-            if !addr.ip().is_loopback() {
-                bail!(
-                    "--store-listen {addr}: the embedded store's API is served on loopback only \
-                     (it has no authentication)"
-                );
+            if !addr.ip().is_loopback() && !args.insecure {
+                if !security.auth_enabled() {
+                    bail!(
+                        "--store-listen {addr}: without authentication the embedded store's API \
+                         is served on loopback only; give --security FILE with principals"
+                    );
+                }
+                if tls.is_none() {
+                    bail!(
+                        "--store-listen {addr}: API keys would cross the network in clear text; \
+                         give --tls-cert and --tls-key (or --insecure)"
+                    );
+                }
             }
             Some(addr)
         }
@@ -183,24 +213,34 @@ pub async fn run(
                 Store::open(dir, StoreConfig::default())
                     .with_context(|| format!("cannot open the store in {}", dir.display()))?,
             );
+            let config = palisade_http::HttpConfig {
+                security,
+                ..palisade_http::HttpConfig::default()
+            };
             if let Some(addr) = store_listen {
                 let l = TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on --store-listen {addr}"))?;
                 let local = l.local_addr()?;
-                println!("palisade store listening on http://{local}");
-                store_task = Some(tokio::spawn(palisade_http::run(
-                    l,
-                    s.clone(),
-                    palisade_http::HttpConfig::default(),
-                    closed(closing.clone()),
-                )));
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                println!("palisade store listening on {scheme}://{local}");
+                let (store, config, stop) = (s.clone(), config.clone(), closed(closing.clone()));
+                store_task = Some(match &tls {
+                    Some(acceptor) => tokio::spawn(palisade_http::run_tls(
+                        l,
+                        acceptor.clone(),
+                        store,
+                        config,
+                        stop,
+                    )),
+                    None => tokio::spawn(palisade_http::run(l, store, config, stop)),
+                });
             }
             store = Some(s.clone());
-            Admitter::Embedded(s)
+            Admitter::Embedded(palisade_http::router(s, config))
         }
         (None, Some(url)) => Admitter::Remote {
-            http: reqwest::Client::builder()
+            http: client(args.store_ca_file.as_deref(), "--store-ca-file")?
                 .connect_timeout(Duration::from_secs(3))
                 .timeout(Duration::from_secs(30))
                 .build()?,
@@ -212,7 +252,7 @@ pub async fn run(
         rule,
         admitter,
         upstream,
-        http: reqwest::Client::builder()
+        http: client(args.upstream_ca_file.as_deref(), "--upstream-ca-file")?
             // The caller sees the upstream's redirects; the proxy does not
             // follow them to somewhere its scope rule never saw.
             .redirect(reqwest::redirect::Policy::none())
@@ -240,17 +280,35 @@ pub async fn run(
     Ok(())
 }
 
-/// A URL of an HTTP server, checked, without a trailing slash.
+/// A URL of an HTTP(S) server, checked, without a trailing slash.
 fn http_base(url: &str, flag: &str) -> anyhow::Result<String> {
     let parsed =
         reqwest::Url::parse(url).with_context(|| format!("{flag} {url:?} is not a URL"))?;
-    if parsed.scheme() != "http" {
-        bail!("{flag} {url:?}: only http:// is supported (the proxy has no TLS client)");
+    if !matches!(parsed.scheme(), "http" | "https") {
+        bail!("{flag} {url:?}: only http:// and https:// are supported");
     }
     if parsed.query().is_some() || parsed.fragment().is_some() {
         bail!("{flag} {url:?} must not have a query or fragment");
     }
     Ok(url.trim_end_matches('/').to_owned())
+}
+
+/// A client builder trusting the roots in `ca_file` (PEM) for HTTPS; with
+/// none, HTTPS servers cannot be verified and are refused.
+fn client(ca_file: Option<&Path>, flag: &str) -> anyhow::Result<reqwest::ClientBuilder> {
+    let mut b = reqwest::Client::builder();
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("{flag} {}", path.display()))?;
+        if certs.is_empty() {
+            bail!("{flag} {}: no PEM certificate in it", path.display());
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    Ok(b)
 }
 
 async fn closed(mut rx: watch::Receiver<bool>) {
@@ -446,7 +504,7 @@ impl Proxy {
                     Some(&twin),
                     Some(token),
                     &r.reason,
-                    r.response,
+                    *r.response,
                 );
             }
         }

@@ -5,11 +5,10 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
-use palisade_http::{HttpConfig, Security, SecurityFile};
+use anyhow::bail;
+use palisade_http::{HttpConfig, Security};
 use palisade_log::Store;
 use tokio::net::TcpListener;
 
@@ -23,25 +22,11 @@ pub struct ServeSecurity {
     insecure: bool,
 }
 
-/// Read and check a security file.
-pub fn load_file(path: &Path) -> anyhow::Result<Security> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read security file {}", path.display()))?;
-    let f: SecurityFile = toml::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "security file {}: {}",
-            path.display(),
-            e.to_string().trim_end()
-        )
-    })?;
-    Security::from_file(&f).map_err(|e| anyhow::anyhow!("security file {}: {e}", path.display()))
-}
-
 /// Load the settings and apply the bind policy. Runs before the store is
 /// opened or a socket bound, so a refused start changes nothing.
 pub fn prepare(config: &ServeConfig) -> anyhow::Result<ServeSecurity> {
     let http = match &config.security {
-        Some(path) => load_file(path)?,
+        Some(path) => Security::load(path).map_err(anyhow::Error::msg)?,
         None => Security::default(),
     };
     let tls = match (&config.tls_cert, &config.tls_key) {
@@ -266,6 +251,7 @@ impl ServeSecurity {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use palisade_http::SecurityFile;
 
     #[test]
     fn the_example_security_file_parses_and_turns_authentication_on() {
