@@ -92,6 +92,22 @@ struct Key {
     gaps_ms: VecDeque<u64>,
     latencies_us: VecDeque<u64>,
     late: u64,
+    /// When the TTL warning for this holder's lease was last logged.
+    warned_at: Option<Millis>,
+}
+
+/// At most one logged TTL warning per scope and holder in this long (the
+/// metric counts every one).
+pub const WARN_EVERY_MS: u64 = 60_000;
+
+/// What [`RenewalTails::check_ttl`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TtlCheck {
+    /// The TTL is at least the measured tail (or there is no tail yet).
+    Fine,
+    /// The TTL is below the tail: count it; `log` once per
+    /// [`WARN_EVERY_MS`] per scope and holder.
+    Below { advice: Advice, log: bool },
 }
 
 fn push(ring: &mut VecDeque<u64>, v: u64) {
@@ -165,6 +181,25 @@ impl RenewalTails {
             push(&mut k.gaps_ms, g);
         }
         gap
+    }
+
+    /// Is `lease`'s TTL below what its scope's tails call for, at `now`
+    /// (just granted or renewed)? A warning is due once per
+    /// [`WARN_EVERY_MS`] per scope and holder, so a fleet renewing every
+    /// second does not flood the log.
+    pub fn check_ttl(&mut self, lease: &Lease, now: Millis) -> TtlCheck {
+        let advice = self.advice(&lease.scope, None);
+        if !advice.ttl_below(lease.ttl_ms) {
+            return TtlCheck::Fine;
+        }
+        let k = self.key(&lease.scope, &lease.holder, now);
+        let log = k
+            .warned_at
+            .is_none_or(|t| now.0.saturating_sub(t.0) >= WARN_EVERY_MS);
+        if log {
+            k.warned_at = Some(now);
+        }
+        TtlCheck::Below { advice, log }
     }
 
     /// The advice for `scope`, from every holder's samples on it, or only
@@ -340,6 +375,31 @@ mod tests {
         assert_eq!(both.gap.max_ms, 5_000.0);
         let other: Scope = "twin/other".parse().unwrap();
         assert_eq!(t.advice(&other, None).gaps, 0);
+    }
+
+    #[test]
+    fn a_short_ttl_is_counted_every_time_and_logged_once_a_minute() {
+        let mut t = RenewalTails::default();
+        // Renewals every 100 ms with one 2 s pause: the tail TTL is ~6 s.
+        steady(&mut t, "a", 100, 40, &[(20, 2_000)]);
+        let mut short = lease(1, "a");
+        short.ttl_ms = 1_000;
+        let at = |ms: u64| Millis(1_000_000 + ms);
+        assert!(matches!(
+            t.check_ttl(&short, at(0)),
+            TtlCheck::Below { log: true, .. }
+        ));
+        assert!(matches!(
+            t.check_ttl(&short, at(WARN_EVERY_MS - 1)),
+            TtlCheck::Below { log: false, .. }
+        ));
+        assert!(matches!(
+            t.check_ttl(&short, at(WARN_EVERY_MS)),
+            TtlCheck::Below { log: true, .. }
+        ));
+        let mut long = short.clone();
+        long.ttl_ms = 60_000;
+        assert_eq!(t.check_ttl(&long, at(WARN_EVERY_MS + 1)), TtlCheck::Fine);
     }
 
     #[test]

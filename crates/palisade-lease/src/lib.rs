@@ -50,7 +50,9 @@ mod clock;
 mod remote;
 mod table;
 
-pub use advice::{Advice, RenewalTails, Tails, ADVICE_FLOOR_MS, MIN_SAMPLES};
+pub use advice::{
+    Advice, RenewalTails, Tails, TtlCheck, ADVICE_FLOOR_MS, MIN_SAMPLES, WARN_EVERY_MS,
+};
 pub use authority::{AuthorityError, LeaseAuthority, LeaseWrites};
 pub use clock::{Clock, ManualClock};
 pub use remote::{RemoteAuthority, RemoteError};

@@ -10,7 +10,7 @@ use std::sync::{Arc, MutexGuard};
 use palisade_core::{FencingToken, LeaseId, Scope};
 use palisade_lease::{
     AcquireRequest, Advice, AuthorityError, Lease, LeaseAuthority, LeaseError, Millis,
-    RemoteAuthority, RemoteError, RenewalTails,
+    RemoteAuthority, RemoteError, RenewalTails, TtlCheck,
 };
 use tokio::sync::oneshot;
 use tracing::{instrument, warn};
@@ -136,10 +136,14 @@ impl Store {
         }?;
         let latency = started.elapsed();
         let now = self.lease_now();
-        self.tails().granted(&lease, now, micros(latency));
+        let check = {
+            let mut tails = self.tails();
+            tails.granted(&lease, now, micros(latency));
+            tails.check_ttl(&lease, now)
+        };
         self.metrics().lease_answered(latency);
         self.metrics().lease_granted_for(lease.purpose);
-        self.check_ttl(&lease);
+        self.check_ttl(check, &lease);
         Ok(lease)
     }
 
@@ -152,9 +156,14 @@ impl Store {
         let now = self.lease_now();
         match &renewed {
             Ok(lease) => {
-                let gap = self.tails().renewed(lease, now, micros(latency));
+                // One lock for the sample and the check.
+                let (gap, check) = {
+                    let mut tails = self.tails();
+                    let gap = tails.renewed(lease, now, micros(latency));
+                    (gap, tails.check_ttl(lease, now))
+                };
                 self.metrics().lease_renewed(gap, latency);
-                self.check_ttl(lease);
+                self.check_ttl(check, lease);
             }
             // Late: the lease expired (and perhaps its scope was granted
             // again) before this renewal came. The gap that lost it counts.
@@ -182,17 +191,19 @@ impl Store {
 
     /// Warn (log and metric) when a lease was granted or renewed with a TTL
     /// below what its scope's measured tails call for.
-    fn check_ttl(&self, lease: &Lease) {
-        let advice = self.tails().advice(&lease.scope, None);
-        if advice.ttl_below(lease.ttl_ms) {
-            self.metrics().lease_ttl_below_advice();
+    fn check_ttl(&self, check: TtlCheck, lease: &Lease) {
+        let TtlCheck::Below { advice, log } = check else {
+            return;
+        };
+        self.metrics().lease_ttl_below_advice();
+        if log {
             warn!(
                 scope = %lease.scope,
                 holder = %lease.holder,
                 ttl_ms = lease.ttl_ms,
                 tail_ttl_ms = advice.tail_ttl_ms,
                 pause_tail_ms = advice.pause_tail_ms,
-                "lease TTL is below what this scope's measured renewal gaps call for: a pause as long as the tail may expire it (GET /v1/leases/advice)"
+                "lease TTL is below what this scope's measured renewal gaps call for: a pause as long as the tail may expire it (GET /v1/leases/advice; logged once a minute per scope and holder, counted in palisade_lease_ttl_below_advice_total)"
             );
         }
     }
