@@ -30,6 +30,8 @@ pub(crate) struct Node {
     log: PathBuf,
     child: Option<Child>,
     pub(crate) base: String,
+    /// More `palisade serve` arguments, kept across restarts.
+    extra: Vec<String>,
 }
 
 pub(crate) struct Cluster {
@@ -43,12 +45,19 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) fn start(&self, id: &str, dir: &Path) -> Node {
+        self.start_with(id, dir, &[])
+    }
+
+    /// [`Self::start`] with more `palisade serve` arguments (kept for
+    /// restarts).
+    pub(crate) fn start_with(&self, id: &str, dir: &Path, extra: &[&str]) -> Node {
         let mut n = Node {
             id: id.to_owned(),
             data: dir.join(id),
             log: dir.join(format!("{id}.log")),
             child: None,
             base: String::new(),
+            extra: extra.iter().map(|&a| a.to_owned()).collect(),
         };
         self.launch(&mut n);
         n
@@ -77,6 +86,7 @@ impl Cluster {
             .args(["--kafka-setting", "fetch.wait.max.ms=5"])
             .args(["--lease-backend", "etcd", "--etcd-endpoints", &self.etcd])
             .args(["--etcd-prefix", &self.prefix, "--cluster-node", &n.id])
+            .args(&n.extra)
             .env(
                 "RUST_LOG",
                 "warn,palisade_server::cluster=info,palisade_kafka::cluster=info",

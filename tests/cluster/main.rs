@@ -36,3 +36,6 @@ mod lease_suite;
 
 #[path = "06_lease_suite.rs"]
 mod backend_suite;
+
+#[path = "10_auth.rs"]
+mod auth;

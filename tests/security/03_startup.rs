@@ -75,24 +75,6 @@ fn a_non_loopback_bind_without_auth_does_not_start() {
     assert!(err.contains("without TLS"), "{err}");
     assert!(!data.exists());
 
-    // Authentication with cluster mode: not supported yet, said at start.
-    let err = refused(&[
-        "--data",
-        d,
-        "--security",
-        sec.to_str().unwrap(),
-        "--cluster-node",
-        "n1",
-        "--lease-backend",
-        "etcd",
-        "--etcd-endpoints",
-        "http://127.0.0.1:1",
-        "--kafka-brokers",
-        "127.0.0.1:1",
-    ]);
-    assert!(err.contains("cannot be combined yet"), "{err}");
-    assert!(!data.exists());
-
     // Half a TLS configuration, and a broken security file, are named.
     let cert = mint_cert(dir.path());
     let err = refused(&["--data", d, "--tls-cert", cert.cert.to_str().unwrap()]);

@@ -84,7 +84,13 @@ struct Local {
     live: HashMap<LeaseId, Lease>,
     retired: HashMap<LeaseId, Retired>,
     order: VecDeque<LeaseId>,
+    /// Token owners read or written here (they never change once written).
+    token_owners: HashMap<FencingToken, String>,
 }
+
+/// Token owners remembered without asking etcd again (then forgotten all
+/// at once: a cache, not the record).
+const TOKEN_OWNERS_REMEMBERED: usize = 65_536;
 
 impl Local {
     fn retire(&mut self, id: LeaseId, why: Retired) {
@@ -188,6 +194,82 @@ impl EtcdAuthority {
         format!("{}token/{:020}", self.cfg.prefix, token.0)
     }
 
+    /// The principal a token was granted to (permanent, like the token key).
+    fn token_owner_key(&self, token: FencingToken) -> String {
+        format!("{}owner/token/{:020}", self.cfg.prefix, token.0)
+    }
+
+    /// The principal a live lease was granted to (attached to the lease:
+    /// gone with it).
+    fn lease_owner_key(&self, etcd_id: i64) -> String {
+        format!("{}owner/lease/{etcd_id}", self.cfg.prefix)
+    }
+
+    fn remember_owner(&self, token: FencingToken, owner: &str) {
+        let mut l = self.local();
+        if l.token_owners.len() >= TOKEN_OWNERS_REMEMBERED {
+            l.token_owners.clear();
+        }
+        l.token_owners.insert(token, owner.to_owned());
+    }
+
+    async fn do_token_owner(&self, token: FencingToken) -> Result<Option<String>, RemoteError> {
+        if let Some(o) = self.local().token_owners.get(&token) {
+            return Ok(Some(o.clone()));
+        }
+        let got = self
+            .client
+            .clone()
+            .get(self.token_owner_key(token), None)
+            .await
+            .map_err(|e| Self::unavailable(&e))?;
+        let owner = got
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok().map(str::to_owned));
+        if let Some(o) = &owner {
+            self.remember_owner(token, o);
+        }
+        Ok(owner)
+    }
+
+    async fn do_lease_owner(&self, id: LeaseId) -> Result<Option<String>, RemoteError> {
+        let Ok(etcd_id) = i64::try_from(id.0) else {
+            return Ok(None);
+        };
+        let got = self
+            .client
+            .clone()
+            .get(self.lease_owner_key(etcd_id), None)
+            .await
+            .map_err(|e| Self::unavailable(&e))?;
+        Ok(got
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok().map(str::to_owned)))
+    }
+
+    /// Record `owner` for a grant just made (token and lease), before the
+    /// grant leaves this process.
+    async fn bind_owner(
+        &self,
+        token: FencingToken,
+        etcd_id: i64,
+        owner: &str,
+    ) -> Result<(), etcd_client::Error> {
+        let txn = Txn::new().and_then([
+            TxnOp::put(self.token_owner_key(token), owner, None),
+            TxnOp::put(
+                self.lease_owner_key(etcd_id),
+                owner,
+                Some(PutOptions::new().with_lease(etcd_id)),
+            ),
+        ]);
+        self.client.clone().txn(txn).await?;
+        self.remember_owner(token, owner);
+        Ok(())
+    }
+
     fn local(&self) -> std::sync::MutexGuard<'_, Local> {
         self.local
             .lock()
@@ -211,7 +293,11 @@ impl EtcdAuthority {
         }
     }
 
-    async fn do_acquire(&self, req: AcquireRequest) -> Result<Lease, RemoteError> {
+    async fn do_acquire(
+        &self,
+        req: AcquireRequest,
+        owner: Option<String>,
+    ) -> Result<Lease, RemoteError> {
         req.validate()?;
         let mut c = self.client.clone();
         let ttl_s = i64::try_from(req.ttl_ms.div_ceil(1000).max(1)).unwrap_or(i64::MAX);
@@ -274,6 +360,14 @@ impl EtcdAuthority {
                     // The grant stands; only other nodes' scope lookups for
                     // error messages miss it.
                     warn!(token = token.0, error = %e, "could not record the token's scope in etcd");
+                }
+                if let Some(o) = &owner {
+                    if let Err(e) = self.bind_owner(token, etcd_id, o).await {
+                        // An owned token without its owner recorded would
+                        // be refused everywhere: nobody gets it.
+                        self.revoke_quietly(etcd_id).await;
+                        return Err(Self::unavailable(&e));
+                    }
                 }
                 let lease = Lease {
                     id: LeaseId(u128::from(etcd_id.cast_unsigned())),
@@ -463,7 +557,26 @@ impl RemoteAuthority for EtcdAuthority {
     }
 
     fn acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Lease, RemoteError>> {
-        Box::pin(self.do_acquire(req))
+        Box::pin(self.do_acquire(req, None))
+    }
+
+    fn acquire_for(
+        &self,
+        req: AcquireRequest,
+        owner: Option<String>,
+    ) -> BoxFuture<'_, Result<Lease, RemoteError>> {
+        Box::pin(self.do_acquire(req, owner))
+    }
+
+    fn token_owner(
+        &self,
+        token: FencingToken,
+    ) -> BoxFuture<'_, Result<Option<String>, RemoteError>> {
+        Box::pin(self.do_token_owner(token))
+    }
+
+    fn lease_owner(&self, id: LeaseId) -> BoxFuture<'_, Result<Option<String>, RemoteError>> {
+        Box::pin(self.do_lease_owner(id))
     }
 
     fn renew(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>> {

@@ -217,6 +217,11 @@ impl Admitted {
         self.identity.is_some()
     }
 
+    /// The authenticated principal's name (`None` with authentication off).
+    pub(crate) fn principal_name(&self) -> Option<&str> {
+        self.identity.as_ref().map(Identity::name)
+    }
+
     /// `twin` as the policy sees it: with the partition it lives in.
     pub(crate) fn twin(&self, twin: &TwinId) -> Resource {
         Resource::Twin {
@@ -261,12 +266,12 @@ impl Admitted {
 
     /// The token of an append, recorded; with authentication on, it must
     /// have been granted to this principal.
-    pub(crate) fn owns_token(&mut self, token: FencingToken) -> Result<(), ApiError> {
+    pub(crate) async fn owns_token(&mut self, token: FencingToken) -> Result<(), ApiError> {
         self.record.token = token.0;
         if !self.authenticated() {
             return Ok(());
         }
-        match self.store.audit().token_owner(token) {
+        match self.store.token_owner(token).await {
             Ok(owner) if owns(self.principal(), owner.as_deref()) => Ok(()),
             Ok(_) => Err(self.refuse(
                 AuditOutcome::Forbidden,
@@ -281,7 +286,7 @@ impl Admitted {
     /// owner recorded at grant time decides, not the lease table: it holds
     /// for any lease backend, and a lease granted before authentication
     /// was on (or an unknown id) belongs to nobody.
-    pub(crate) fn owns_lease(&mut self, id: LeaseId) -> Result<(), ApiError> {
+    pub(crate) async fn owns_lease(&mut self, id: LeaseId) -> Result<(), ApiError> {
         self.record.lease_id = id.0;
         if let Some(lease) = self.store.lease(id) {
             self.record.token = lease.token.0;
@@ -292,7 +297,7 @@ impl Admitted {
         if !self.authenticated() {
             return Ok(());
         }
-        match self.store.audit().lease_owner(id.0) {
+        match self.store.lease_owner(id).await {
             Ok(owner) if owns(self.principal(), owner.as_deref()) => Ok(()),
             Ok(_) => {
                 let principal = self.name().to_owned();

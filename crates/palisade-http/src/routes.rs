@@ -396,7 +396,7 @@ pub(crate) async fn renew(
 ) -> Result<Json<LeaseOut>, ApiError> {
     let mut call = caller.admit(AuditAction::Renew)?;
     let id = lease_id(id)?;
-    call.owns_lease(id)?;
+    call.owns_lease(id).await?;
     let lease = s
         .store
         .renew(id)
@@ -428,7 +428,7 @@ pub(crate) async fn release(
 ) -> Result<StatusCode, ApiError> {
     let mut call = caller.admit(AuditAction::Release)?;
     let id = lease_id(id)?;
-    call.owns_lease(id)?;
+    call.owns_lease(id).await?;
     s.store
         .release(id)
         .await
@@ -558,22 +558,20 @@ pub(crate) async fn append(
         let resource = call.twin(t);
         call.authorize(Action::Write, &resource)?;
         if let Some(token) = crate::caller::claimed_token(&headers) {
-            call.owns_token(token)?;
+            call.owns_token(token).await?;
         }
     }
-    append_events(&s, twin, &headers, b).await.map_err(|e| {
-        if audited {
-            call.failed(e, None)
-        } else {
-            e
-        }
-    })
+    let principal = call.principal_name().map(str::to_owned);
+    append_events(&s, principal.as_deref(), twin, &headers, b)
+        .await
+        .map_err(|e| if audited { call.failed(e, None) } else { e })
 }
 
 /// [`append`] once the caller may: the request's checks in the order the
 /// API documents them, then the store's.
 async fn append_events(
     s: &AppState,
+    principal: Option<&str>,
     twin: Result<TwinId, ApiError>,
     headers: &HeaderMap,
     b: Result<Bytes, BytesRejection>,
@@ -608,7 +606,7 @@ async fn append_events(
     crate::caller::check_patches(&s.config.security.limits, &events)?;
     let done = s
         .store
-        .append_with_effects(twin, token, events, effects, expected)
+        .append_for(principal, twin, token, events, effects, expected)
         .await?;
     let mut resp = (
         StatusCode::CREATED,

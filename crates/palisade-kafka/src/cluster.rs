@@ -490,6 +490,18 @@ impl ClusterIngester {
                     }
                     other => other,
                 });
+                // Authentication on: a record decided here (not one
+                // forwarded elsewhere, whose token's grant is in another
+                // partition) must be signed by a principal that may write
+                // it with a token granted to it (`sign.rs`), exactly as on
+                // one node; the owner of a token granted through any node
+                // was learnt from etcd when its grant record was applied.
+                let record = match (record, &copy) {
+                    (Some(r), None) if cfg.auth.is_some() => {
+                        Some(crate::sign::check_decided(r, &msg, cfg))
+                    }
+                    (r, _) => r,
+                };
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
                 let token = match ownership.admit(p).await {
@@ -528,6 +540,9 @@ impl ClusterIngester {
                         match grant {
                             Some((Some(t), Some(scope), holder)) => {
                                 store.register_grant(FencingToken(t), scope, holder).await.map_err(|e| KafkaIngestError::Store(AppendError::Storage(e.to_string())))?;
+                                if cfg.auth.is_some() {
+                                    learn_owner(&store, FencingToken(t), p, o).await;
+                                }
                             }
                             _ => warn!(partition = p, offset = o, "cluster: malformed grant record ignored"),
                         }
@@ -743,4 +758,25 @@ fn header_str(msg: &BorrowedMessage<'_>, name: &str) -> Option<String> {
         .and_then(|h| h.value)
         .and_then(|v| std::str::from_utf8(v).ok())
         .map(str::to_owned)
+}
+
+/// Copy a granted token's owner from etcd into the store (authentication
+/// on), retrying a few times over ~10 s while etcd does not answer. If it
+/// still cannot, the token stays without an owner here and its writes are
+/// refused (`token_not_yours`): the safe side, never a write let through.
+async fn learn_owner(store: &Store, token: FencingToken, p: u32, o: u64) {
+    let mut wait = Duration::from_millis(100);
+    for attempt in 0..8 {
+        match store.learn_token_owner(token).await {
+            Ok(()) => return,
+            Err(e) if attempt == 7 => {
+                error!(partition = p, offset = o, token = token.0, error = %e, "cluster: the owner of a granted token could not be learnt; its writes will be refused as token_not_yours");
+            }
+            Err(e) => {
+                warn!(partition = p, offset = o, token = token.0, error = %e, "cluster: learning a token's owner failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
 }

@@ -195,6 +195,26 @@ pub(crate) fn check_record(
     }
 }
 
+/// [`check_record`] for a record this node decides in cluster mode: an
+/// append, or a forwarded copy's append (signed over the same bytes: the
+/// copy carries the original's key, headers and value).
+pub(crate) fn check_decided(
+    record: IngestRecord,
+    msg: &BorrowedMessage<'_>,
+    cfg: &IngestConfig,
+) -> IngestRecord {
+    match record {
+        IngestRecord::Relayed { origin, record } => match check_record(*record, msg, cfg) {
+            dead @ IngestRecord::Dead(_) => dead,
+            inner => IngestRecord::Relayed {
+                origin,
+                record: Box::new(inner),
+            },
+        },
+        other => check_record(other, msg, cfg),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

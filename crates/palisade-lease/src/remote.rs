@@ -39,6 +39,38 @@ pub trait RemoteAuthority: Send + Sync + Debug {
     /// rounded up) and its `expires_at` is in this authority's [`Millis`].
     fn acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Lease, RemoteError>>;
 
+    /// [`Self::acquire`] for principal `owner` (authentication on): an
+    /// authority shared by several processes records the owner of the
+    /// token and of the lease with the grant, before it returns, so that
+    /// every process checks ownership the same way ([`Self::token_owner`],
+    /// [`Self::lease_owner`]). The default records nothing (the store keeps
+    /// owners itself).
+    fn acquire_for(
+        &self,
+        req: AcquireRequest,
+        owner: Option<String>,
+    ) -> BoxFuture<'_, Result<Lease, RemoteError>> {
+        let _ = owner;
+        self.acquire(req)
+    }
+
+    /// The principal `token` was granted to, as recorded by
+    /// [`Self::acquire_for`] in any process (`None`: not recorded here).
+    fn token_owner(
+        &self,
+        token: FencingToken,
+    ) -> BoxFuture<'_, Result<Option<String>, RemoteError>> {
+        let _ = token;
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// The principal lease `id` was granted to, while it is live, as
+    /// recorded by [`Self::acquire_for`] in any process.
+    fn lease_owner(&self, id: LeaseId) -> BoxFuture<'_, Result<Option<String>, RemoteError>> {
+        let _ = id;
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// Extend a live lease by its TTL, by lease id only.
     fn renew(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>>;
 

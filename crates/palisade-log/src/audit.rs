@@ -149,6 +149,10 @@ pub enum AuditError {
     Failed(#[from] crate::StorageFailure),
     #[error("audit record {seq} is damaged")]
     Damaged { seq: u64 },
+    /// The lease authority shared by the nodes could not say who owns a
+    /// token or lease.
+    #[error("owners from the lease authority: {0}")]
+    Authority(#[from] palisade_lease::RemoteError),
 }
 
 /// The audit log and the token-owner table.

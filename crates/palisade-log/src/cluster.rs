@@ -38,8 +38,11 @@ pub enum BackendError {
 /// Cluster mode: where [`Store::append`] sends appends instead of the
 /// partition writer (produce to Kafka, answer once applied).
 pub trait AppendRoute: Send + Sync + std::fmt::Debug {
+    /// Append for `principal` (authentication on), as
+    /// [`Store::append_for`](crate::Store::append_for).
     fn append(
         &self,
+        principal: Option<String>,
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,

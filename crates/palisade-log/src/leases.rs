@@ -17,6 +17,7 @@ use tracing::{instrument, warn};
 
 use crate::error::LeaseOpError;
 use crate::writer::Command;
+use crate::AuditError;
 use crate::Store;
 
 /// Where a store's leases come from, chosen when it opens and kept for its
@@ -305,7 +306,7 @@ impl Store {
     ) -> Result<Lease, LeaseOpError> {
         let before = self.last_token();
         let lease = remote
-            .acquire(req)
+            .acquire_for(req, owner.map(str::to_owned))
             .await
             .map_err(|e| self.remote_failure(e))?;
         if lease.token <= before {
@@ -328,6 +329,49 @@ impl Store {
         }
         self.metrics().lease_grants.fetch_add(1, Ordering::Relaxed);
         Ok(lease)
+    }
+
+    /// The principal `token` was granted to: this store's record of it,
+    /// else the lease authority's (shared by every node in cluster mode,
+    /// `RemoteAuthority::acquire_for`). `None`: granted with authentication
+    /// off, or never.
+    pub async fn token_owner(&self, token: FencingToken) -> Result<Option<String>, AuditError> {
+        if let Some(o) = self.audit().token_owner(token)? {
+            return Ok(Some(o));
+        }
+        match self.remote() {
+            Some(r) => Ok(r.token_owner(token).await?),
+            None => Ok(None),
+        }
+    }
+
+    /// The principal lease `id` was granted to, as [`Self::token_owner`].
+    pub async fn lease_owner(&self, id: LeaseId) -> Result<Option<String>, AuditError> {
+        if let Some(o) = self.audit().lease_owner(id.0)? {
+            return Ok(Some(o));
+        }
+        match self.remote() {
+            Some(r) => Ok(r.lease_owner(id).await?),
+            None => Ok(None),
+        }
+    }
+
+    /// Copy `token`'s owner from the lease authority into this store's
+    /// record, durably, if it has one there. Cluster mode calls it when it
+    /// applies a grant record: the record comes before any write with its
+    /// token in the partition's log, and the Kafka path's check reads this
+    /// store's record, so a token granted through another node is checked
+    /// the same way here, and on every node that replays the log.
+    pub async fn learn_token_owner(&self, token: FencingToken) -> Result<(), AuditError> {
+        if self.audit().token_owner(token)?.is_some() {
+            return Ok(());
+        }
+        if let Some(r) = self.remote() {
+            if let Some(owner) = r.token_owner(token).await? {
+                self.audit().bind_token(token, &owner).await?;
+            }
+        }
+        Ok(())
     }
 
     /// A remote grant's owner, durably, before the lease leaves the store.

@@ -432,9 +432,28 @@ impl Store {
     /// the same fenced commit as the events, only if the append is
     /// admitted, and only for events that are not duplicates
     /// (`outbox.rs`). Cluster mode does not take effects yet (`bad_event`).
-    #[instrument(skip_all, fields(twin = %twin, token = token.0, partition))]
     pub async fn append_with_effects(
         &self,
+        twin: TwinId,
+        token: FencingToken,
+        events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
+        if_match: Option<u64>,
+    ) -> Result<Appended, AppendError> {
+        self.append_for(None, twin, token, events, effects, if_match)
+            .await
+    }
+
+    /// [`Store::append_with_effects`] by `principal`, whose right to write
+    /// the twin with `token` the caller has checked (authentication on;
+    /// `None` when it is off). A single node appends as usual; in cluster
+    /// mode the record the append travels in is signed as the principal,
+    /// so the node that applies it checks the same rules again
+    /// (docs/security.md, "Cluster mode").
+    #[instrument(skip_all, fields(twin = %twin, token = token.0, partition))]
+    pub async fn append_for(
+        &self,
+        principal: Option<&str>,
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
@@ -454,7 +473,9 @@ impl Store {
                     "effects are not supported in cluster mode yet (docs/outbox.md)".into(),
                 ));
             }
-            return route.append(twin, token, events, if_match).await;
+            return route
+                .append(principal.map(str::to_owned), twin, token, events, if_match)
+                .await;
         }
         let p = self.partition_of(&twin);
         tracing::Span::current().record("partition", p.0);

@@ -208,6 +208,7 @@ async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
     impl AppendRoute for Route {
         fn append(
             &self,
+            _principal: Option<String>,
             _twin: TwinId,
             _token: FencingToken,
             _events: Vec<NewEvent>,

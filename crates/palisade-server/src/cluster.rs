@@ -20,6 +20,7 @@ use palisade_cluster::{
 };
 use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
+use palisade_http::auth::Auth;
 use palisade_http::cluster::{ClusterRouting, Route};
 use palisade_kafka::cluster::{
     Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OWNER_TOKEN_HEADER, STALE_OWNER,
@@ -93,6 +94,7 @@ pub async fn start(
     authority: Authority,
     mode: &Mode,
     config: &ServeConfig,
+    auth: Option<Arc<Auth>>,
 ) -> anyhow::Result<Option<Arc<Node>>> {
     match (mode, authority.cluster) {
         (
@@ -104,6 +106,9 @@ pub async fn start(
             Some((cluster, etcd)),
         ) => {
             let node = Node::start(store.clone(), node, kafka_brokers, config, etcd).await?;
+            if let Some(a) = auth {
+                let _ = node.auth.set(a);
+            }
             cluster.bind(node.clone())?;
             Ok(Some(node))
         }
@@ -149,6 +154,9 @@ pub struct Node {
     me: std::sync::Weak<Node>,
     id: String,
     url: OnceLock<String>,
+    /// Authentication on: the principals, whose signing keys sign the
+    /// records of their appends (docs/security.md, "Cluster mode").
+    auth: OnceLock<Arc<Auth>>,
     /// The lease authority (etcd): grants, scopes of tokens.
     authority: Arc<dyn RemoteAuthority>,
     owners: Arc<dyn OwnerLeases>,
@@ -225,6 +233,7 @@ impl Node {
             me: me.clone(),
             id,
             url: OnceLock::new(),
+            auth: OnceLock::new(),
             authority: seams.authority,
             owners: seams.owners,
             log: seams.log,
@@ -239,9 +248,10 @@ impl Node {
         })
     }
 
-    /// The URL others reach this node at (default: http:// + listen address).
-    pub fn set_listen_addr(&self, addr: SocketAddr) {
-        let _ = self.url.set(format!("http://{addr}"));
+    /// The URL others reach this node at (default: `scheme://` + listen
+    /// address; `--cluster-advertise` set earlier wins).
+    pub fn set_listen_addr(&self, scheme: &str, addr: SocketAddr) {
+        let _ = self.url.set(format!("{scheme}://{addr}"));
     }
 
     fn url(&self) -> String {
@@ -393,6 +403,7 @@ impl Node {
 
     async fn append_via_kafka(
         &self,
+        principal: Option<String>,
         twin: TwinId,
         token: FencingToken,
         mut events: Vec<NewEvent>,
@@ -429,8 +440,9 @@ impl Node {
             })
             .collect();
         let value = serde_json::to_vec(&body).map_err(|e| AppendError::BadEvent(e.to_string()))?;
-        let headers = vec![
-            (palisade_kafka::decode::TOKEN_HEADER, token.0.to_string()),
+        let token_text = token.0.to_string();
+        let mut headers = vec![
+            (palisade_kafka::decode::TOKEN_HEADER, token_text.clone()),
             (
                 palisade_kafka::decode::CONTENT_TYPE_HEADER,
                 palisade_kafka::decode::JSON.to_owned(),
@@ -438,6 +450,25 @@ impl Node {
             (OWNER_TOKEN_HEADER, owner.token.0.to_string()),
             (NODE_HEADER, self.id.clone()),
         ];
+        // Authentication on: the record is signed as the principal the
+        // HTTP layer authenticated, so the applying node (and every node
+        // replaying the log) checks its grants and the token's owner again.
+        if let (Some(auth), Some(p)) = (self.auth.get(), principal.as_deref()) {
+            let Some(id) = auth.identity(p) else {
+                return Err(AppendError::BadEvent(format!("no principal named {p:?}")));
+            };
+            let signature = palisade_kafka::sign::sign(
+                &id.key_sha256(),
+                p,
+                twin.as_bytes(),
+                token_text.as_bytes(),
+                palisade_kafka::decode::JSON.as_bytes(),
+                b"",
+                &value,
+            );
+            headers.push((palisade_kafka::sign::PRINCIPAL_HEADER, p.to_owned()));
+            headers.push((palisade_kafka::sign::SIGNATURE_HEADER, signature));
+        }
         let offset = self
             .log
             .produce(p, Some(twin.as_bytes().to_vec()), value, headers)
@@ -582,11 +613,12 @@ impl ClusterRouting for Node {
 impl AppendRoute for Node {
     fn append(
         &self,
+        principal: Option<String>,
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
         if_match: Option<u64>,
     ) -> BoxFuture<'_, Result<Appended, AppendError>> {
-        Box::pin(self.append_via_kafka(twin, token, events, if_match))
+        Box::pin(self.append_via_kafka(principal, twin, token, events, if_match))
     }
 }

@@ -34,16 +34,6 @@ pub fn prepare(config: &ServeConfig) -> anyhow::Result<ServeSecurity> {
         (None, None) => None,
         _ => bail!("--tls-cert and --tls-key go together: give both or neither"),
     };
-    if http.auth_enabled() && config.cluster_node.is_some() {
-        // Token and lease owners live in each node's own store, and cluster
-        // mode carries HTTP writes through Kafka unsigned: every write would
-        // be refused. Say so now rather than refuse them one by one.
-        bail!(
-            "authentication (--security with principals) and cluster mode (--cluster-node) \
-             cannot be combined yet: token owners are kept per node (see docs/security.md, \
-             \"Known limits\")"
-        );
-    }
     let listen = config.listen;
     if !listen.ip().is_loopback() && !config.insecure {
         if !http.auth_enabled() {

@@ -35,13 +35,20 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             ..config.store_config()
         },
     )?);
-    let node = crate::cluster::start(&store, authority, &mode, &config).await?;
+    let node = crate::cluster::start(
+        &store,
+        authority,
+        &mode,
+        &config,
+        security.http.auth.clone(),
+    )
+    .await?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     if let Some(n) = &node {
-        n.set_listen_addr(addr);
+        n.set_listen_addr(security.scheme(), addr);
     }
     let sweeper = {
         let store = store.clone();

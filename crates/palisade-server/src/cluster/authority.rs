@@ -45,9 +45,16 @@ impl ClusterAuthority {
             })
     }
 
-    async fn acquire_and_log(&self, req: AcquireRequest) -> Result<Lease, RemoteError> {
+    /// Grant through etcd (with its owner recorded there first, when
+    /// authentication is on), then write the grant record: a node applying
+    /// the record can always find the token's owner in etcd.
+    async fn acquire_and_log(
+        &self,
+        req: AcquireRequest,
+        owner: Option<String>,
+    ) -> Result<Lease, RemoteError> {
         let node = self.node()?;
-        let lease = node.authority.acquire(req).await?;
+        let lease = node.authority.acquire_for(req, owner).await?;
         let p = lease.scope.partition(node.store.partitions()).0;
         let headers = vec![
             (CONTROL_HEADER, "grant".to_owned()),
@@ -75,7 +82,29 @@ impl RemoteAuthority for ClusterAuthority {
         "etcd"
     }
     fn acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Lease, RemoteError>> {
-        Box::pin(self.acquire_and_log(req))
+        Box::pin(self.acquire_and_log(req, None))
+    }
+    fn acquire_for(
+        &self,
+        req: AcquireRequest,
+        owner: Option<String>,
+    ) -> BoxFuture<'_, Result<Lease, RemoteError>> {
+        Box::pin(self.acquire_and_log(req, owner))
+    }
+    fn token_owner(
+        &self,
+        token: FencingToken,
+    ) -> BoxFuture<'_, Result<Option<String>, RemoteError>> {
+        match self.node() {
+            Ok(node) => node.authority.token_owner(token),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+    fn lease_owner(&self, id: LeaseId) -> BoxFuture<'_, Result<Option<String>, RemoteError>> {
+        match self.node() {
+            Ok(node) => node.authority.lease_owner(id),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
     fn renew(&self, id: LeaseId) -> BoxFuture<'_, Result<Lease, RemoteError>> {
         match self.node() {

@@ -1,0 +1,375 @@
+//! Authentication in cluster mode (issue 16): three real `palisade serve
+//! --cluster-node --security FILE` processes with the same principals, a
+//! real broker and a real etcd. Token and lease owners are recorded in etcd
+//! with the grant, and each append travels through Kafka signed as its
+//! principal, so:
+//!
+//! - a token granted through node 0 writes through every node, with its
+//!   principal's key (the client follows the `307` to the owner itself,
+//!   keeping its key: reqwest drops `Authorization` on a cross-port
+//!   redirect);
+//! - the same token with another principal's key is `403 token_not_yours`
+//!   on every node, and without a key `401`; neither is stored;
+//! - a lease granted through node 0 is renewed through node 2 by its
+//!   principal, and is `403 lease_not_yours` for another;
+//! - a record produced straight to Kafka is applied only if signed by the
+//!   token's owner (`token_not_yours` dead letter otherwise);
+//! - a fresh node replaying the topic alone reaches the same state and
+//!   version, so the owners it learns from etcd while replaying the grant
+//!   records decide as the cluster did.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
+use serde_json::{json, Value};
+
+use crate::broker::{broker, unique, PARTITIONS};
+use crate::etcd::Etcd;
+use crate::three_nodes::{Cluster, Node, STEP};
+
+const ROLES: &str = r#"
+[roles.part-worker]
+grants = [
+  { actions = ["lease", "write", "read"], scopes = ["twin/part-*"] },
+]
+[roles.ops]
+grants = [
+  { actions = ["admin", "read"], scopes = ["admin/*", "twin/*"] },
+]
+"#;
+
+struct Keys {
+    a: String,
+    b: String,
+    ops: String,
+}
+
+fn security_file(dir: &std::path::Path) -> (std::path::PathBuf, Keys) {
+    let mint = || palisade::http::auth::mint_key().unwrap().0;
+    let keys = Keys {
+        a: mint(),
+        b: mint(),
+        ops: mint(),
+    };
+    let mut file = ROLES.to_owned();
+    for (name, key, role) in [
+        ("worker-a", &keys.a, "part-worker"),
+        ("worker-b", &keys.b, "part-worker"),
+        ("ops", &keys.ops, "ops"),
+    ] {
+        file.push_str(&format!(
+            "[[principals]]\nname = \"{name}\"\nkey_sha256 = \"{}\"\nroles = [\"{role}\"]\n",
+            palisade::http::auth::hash_key(key)
+        ));
+    }
+    let path = dir.join("security.toml");
+    std::fs::write(&path, file).unwrap();
+    (path, keys)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// One request through `base`, following up to three `307`s by hand with
+/// the same method, headers (the key included) and body; a `503` (a
+/// partition not served yet, a rebalance) is retried until [`STEP`].
+async fn call(
+    method: &str,
+    base: &str,
+    path: &str,
+    key: Option<&str>,
+    token: Option<u64>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let c = client();
+    let started = Instant::now();
+    loop {
+        let mut url = format!("{base}{path}");
+        let mut hops = 0;
+        let (status, text) = loop {
+            let mut req = c.request(method.parse().unwrap(), &url);
+            if let Some(k) = key {
+                req = req.bearer_auth(k);
+            }
+            if let Some(t) = token {
+                req = req.header("fencing-token", t.to_string());
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            if status == 307 && hops < 3 {
+                hops += 1;
+                url = r.headers()["location"].to_str().unwrap().to_owned();
+                continue;
+            }
+            break (status, r.text().await.unwrap_or_default());
+        };
+        if status != 503 || started.elapsed() > STEP {
+            return (status, serde_json::from_str(&text).unwrap_or(Value::Null));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn lease(base: &str, key: &str, scope: &str) -> Value {
+    let (status, body) = call(
+        "POST",
+        base,
+        "/v1/leases",
+        Some(key),
+        None,
+        Some(&json!({"scope": scope, "ttl_ms": 3_600_000})),
+    )
+    .await;
+    assert_eq!(status, 201, "lease on {scope}: {body}");
+    body
+}
+
+fn event(id: &str, n: u64) -> Value {
+    json!({"type": "set", "event_id": id, "patch": {"n": n}})
+}
+
+/// Produce one event for `twin` straight to its partition, signed as
+/// `principal` with `key`.
+async fn produce_signed(topic: &str, twin: &str, token: u64, principal: &str, key: &str, id: &str) {
+    let value = json!({"type": "set", "event_id": id, "patch": {"kafka": id}}).to_string();
+    let token_text = token.to_string();
+    let json = "application/json";
+    let signature = palisade_kafka::sign::sign(
+        &palisade_kafka::sign::signing_key(key),
+        principal,
+        twin.as_bytes(),
+        token_text.as_bytes(),
+        json.as_bytes(),
+        b"",
+        value.as_bytes(),
+    );
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "fencing-token",
+            value: Some(token_text.as_str()),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some(json),
+        })
+        .insert(Header {
+            key: palisade_kafka::sign::PRINCIPAL_HEADER,
+            value: Some(principal),
+        })
+        .insert(Header {
+            key: palisade_kafka::sign::SIGNATURE_HEADER,
+            value: Some(signature.as_str()),
+        });
+    let partition = i32::try_from(
+        palisade::core::partition_for(&palisade::core::TwinId::new(twin).unwrap(), PARTITIONS).0,
+    )
+    .unwrap();
+    broker()
+        .raw_producer()
+        .send(
+            FutureRecord::to(topic)
+                .partition(partition)
+                .key(twin)
+                .payload(&value)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+}
+
+/// The twin's event ids through `base` (as ops), once `want` of them are there.
+async fn event_ids(base: &str, ops: &str, twin: &str, want: usize) -> Vec<String> {
+    let started = Instant::now();
+    loop {
+        let (status, body) = call(
+            "GET",
+            base,
+            &format!("/v1/twins/{twin}/events?limit=1000"),
+            Some(ops),
+            None,
+            None,
+        )
+        .await;
+        let ids: Vec<String> = if status == 200 {
+            body["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["event_id"].as_str().unwrap().to_owned())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if ids.len() >= want || started.elapsed() > STEP {
+            return ids;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
+    let Some(etcd) =
+        Etcd::start("principals_tokens_and_leases_are_checked_alike_on_every_node").await
+    else {
+        return;
+    };
+    let topic = unique("clusterauth");
+    broker().create_topic(&topic, PARTITIONS);
+    let cluster = Cluster {
+        group: format!("{topic}-group"),
+        topic: topic.clone(),
+        etcd: etcd.endpoint.clone(),
+        prefix: format!("/{topic}/"),
+        partitions: PARTITIONS,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (security, keys) = security_file(dir.path());
+    let sec = ["--security", security.to_str().unwrap()];
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| cluster.start_with(&format!("n{i}"), dir.path(), &sec))
+        .collect();
+
+    // worker-a's lease on part-1, granted through node 0.
+    let la = lease(&nodes[0].base, &keys.a, "twin/part-1").await;
+    let (token_a, lease_a) = (
+        la["token"].as_u64().unwrap(),
+        la["lease_id"].as_str().unwrap().to_owned(),
+    );
+
+    // Its token writes through every node, with its key.
+    for (i, n) in nodes.iter().enumerate() {
+        let id = format!("a-http-{i}");
+        let (status, body) = call(
+            "POST",
+            &n.base,
+            "/v1/twins/part-1/events",
+            Some(&keys.a),
+            Some(token_a),
+            Some(&event(&id, i as u64)),
+        )
+        .await;
+        assert_eq!(status, 201, "worker-a through {}: {body}", n.id);
+    }
+    // Another principal's key with it, or no key: refused on every node.
+    for n in &nodes {
+        let (status, body) = call(
+            "POST",
+            &n.base,
+            "/v1/twins/part-1/events",
+            Some(&keys.b),
+            Some(token_a),
+            Some(&event("b-stolen", 99)),
+        )
+        .await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (403, Some("token_not_yours")),
+            "worker-b with worker-a's token through {}: {body}",
+            n.id
+        );
+        let (status, body) = call(
+            "POST",
+            &n.base,
+            "/v1/twins/part-1/events",
+            None,
+            Some(token_a),
+            Some(&event("anon", 98)),
+        )
+        .await;
+        assert_eq!(status, 401, "no key through {}: {body}", n.id);
+    }
+
+    // The lease granted through node 0 is renewed through node 2 by its
+    // principal, and is not worker-b's to renew or release anywhere.
+    let renew = format!("/v1/leases/{lease_a}/renew");
+    let (status, body) = call("POST", &nodes[2].base, &renew, Some(&keys.a), None, None).await;
+    assert_eq!(status, 200, "worker-a renews through n2: {body}");
+    for n in &nodes {
+        let (status, body) = call("POST", &n.base, &renew, Some(&keys.b), None, None).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (403, Some("lease_not_yours")),
+            "worker-b renews worker-a's lease through {}: {body}",
+            n.id
+        );
+    }
+
+    // worker-b's own lease, through node 1, writes through node 2.
+    let lb = lease(&nodes[1].base, &keys.b, "twin/part-2").await;
+    let token_b = lb["token"].as_u64().unwrap();
+    let (status, body) = call(
+        "POST",
+        &nodes[2].base,
+        "/v1/twins/part-2/events",
+        Some(&keys.b),
+        Some(token_b),
+        Some(&event("b-own", 1)),
+    )
+    .await;
+    assert_eq!(status, 201, "worker-b's own token: {body}");
+
+    // Straight to Kafka: only the token's owner's signature is applied.
+    produce_signed(&topic, "part-1", token_a, "worker-b", &keys.b, "k-b-stolen").await;
+    produce_signed(&topic, "part-1", token_a, "worker-a", &keys.a, "k-a-own").await;
+    let ids = event_ids(&nodes[0].base, &keys.ops, "part-1", 4).await;
+    assert_eq!(
+        ids,
+        ["a-http-0", "a-http-1", "a-http-2", "k-a-own"],
+        "part-1's history"
+    );
+    let state = |v: &Value| (v["state"].clone(), v["version"].clone());
+    let mut seen = Vec::new();
+    for t in ["part-1", "part-2"] {
+        let (status, body) = call(
+            "GET",
+            &nodes[1].base,
+            &format!("/v1/twins/{t}"),
+            Some(&keys.ops),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{t}: {body}");
+        seen.push(state(&body));
+    }
+
+    // A fresh node replaying the topic alone decides the same.
+    for n in &mut nodes {
+        n.terminate();
+    }
+    let solo = Cluster {
+        group: format!("{topic}-solo"),
+        ..cluster
+    }
+    .start_with("solo", dir.path(), &sec);
+    let ids = event_ids(&solo.base, &keys.ops, "part-1", 4).await;
+    assert_eq!(ids, ["a-http-0", "a-http-1", "a-http-2", "k-a-own"]);
+    for (i, t) in ["part-1", "part-2"].iter().enumerate() {
+        let (status, body) = call(
+            "GET",
+            &solo.base,
+            &format!("/v1/twins/{t}"),
+            Some(&keys.ops),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{t}: {body}");
+        assert_eq!(
+            state(&body),
+            seen[i],
+            "{t}: a node replaying the log disagrees"
+        );
+    }
+}
