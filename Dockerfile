@@ -9,6 +9,9 @@ COPY . .
 RUN cargo build --release --bin palisade
 
 FROM debian:bookworm-slim
+# curl: the HTTPS health check of docker-compose.secure.yml.
+RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/palisade /usr/local/bin/palisade
 VOLUME /data
 EXPOSE 7070
