@@ -10,6 +10,8 @@
 //!   redirect);
 //! - the same token with another principal's key is `403 token_not_yours`
 //!   on every node, and without a key `401`; neither is stored;
+//! - the Rust SDK (`Client::with_api_key`) follows the redirect keeping its
+//!   key;
 //! - a lease granted through node 0 is renewed through node 2 by its
 //!   principal, and is `403 lease_not_yours` for another;
 //! - a record produced straight to Kafka is applied only if signed by the
@@ -78,7 +80,8 @@ fn client() -> reqwest::Client {
 
 /// One request through `base`, following up to three `307`s by hand with
 /// the same method, headers (the key included) and body; a `503` (a
-/// partition not served yet, a rebalance) is retried until [`STEP`].
+/// partition not served yet, a rebalance) or a node that does not answer
+/// is retried until [`STEP`].
 async fn call(
     method: &str,
     base: &str,
@@ -103,7 +106,11 @@ async fn call(
             if let Some(b) = body {
                 req = req.json(b);
             }
-            let r = req.send().await.unwrap();
+            // A redirect to a node just stopped (its owner lease not yet
+            // expired) cannot connect: like a 503, tried again.
+            let Ok(r) = req.send().await else {
+                break (503, String::new());
+            };
             let status = r.status().as_u16();
             if status == 307 && hops < 3 {
                 hops += 1;
@@ -290,6 +297,36 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         assert_eq!(status, 401, "no key through {}: {body}", n.id);
     }
 
+    // The SDK follows the redirect itself, keeping its key (reqwest's own
+    // redirects would drop it: 401 at the owner).
+    let sdk = palisade_client::Client::new(&nodes[2].base)
+        .unwrap()
+        .with_api_key(&keys.a)
+        .unwrap();
+    let started = Instant::now();
+    let done = loop {
+        let ev = palisade_client::Event::new("set", json!({"n": 7})).with_id("a-sdk");
+        match sdk.append("part-1", token_a, &[ev]).await {
+            Err(e) if e.status() == Some(503) && started.elapsed() < STEP => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            other => break other,
+        }
+    };
+    assert!(
+        done.is_ok(),
+        "the SDK through n2 with worker-a's key: {done:?}"
+    );
+    let nokey = palisade_client::Client::new(&nodes[2].base).unwrap();
+    let refused = nokey
+        .append(
+            "part-1",
+            token_a,
+            &[palisade_client::Event::new("set", json!({}))],
+        )
+        .await;
+    assert_eq!(refused.err().and_then(|e| e.status()), Some(401));
+
     // The lease granted through node 0 is renewed through node 2 by its
     // principal, and is not worker-b's to renew or release anywhere.
     let renew = format!("/v1/leases/{lease_a}/renew");
@@ -322,10 +359,10 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     // Straight to Kafka: only the token's owner's signature is applied.
     produce_signed(&topic, "part-1", token_a, "worker-b", &keys.b, "k-b-stolen").await;
     produce_signed(&topic, "part-1", token_a, "worker-a", &keys.a, "k-a-own").await;
-    let ids = event_ids(&nodes[0].base, &keys.ops, "part-1", 4).await;
+    let ids = event_ids(&nodes[0].base, &keys.ops, "part-1", 5).await;
     assert_eq!(
         ids,
-        ["a-http-0", "a-http-1", "a-http-2", "k-a-own"],
+        ["a-http-0", "a-http-1", "a-http-2", "a-sdk", "k-a-own"],
         "part-1's history"
     );
     let state = |v: &Value| (v["state"].clone(), v["version"].clone());
@@ -353,8 +390,11 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         ..cluster
     }
     .start_with("solo", dir.path(), &sec);
-    let ids = event_ids(&solo.base, &keys.ops, "part-1", 4).await;
-    assert_eq!(ids, ["a-http-0", "a-http-1", "a-http-2", "k-a-own"]);
+    let ids = event_ids(&solo.base, &keys.ops, "part-1", 5).await;
+    assert_eq!(
+        ids,
+        ["a-http-0", "a-http-1", "a-http-2", "a-sdk", "k-a-own"]
+    );
     for (i, t) in ["part-1", "part-2"].iter().enumerate() {
         let (status, body) = call(
             "GET",

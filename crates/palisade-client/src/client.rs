@@ -24,25 +24,53 @@ pub const APPEND_ATTEMPTS: u32 = 3;
 /// Wait before the second attempt; doubled before the third.
 pub const APPEND_BACKOFF: Duration = Duration::from_millis(50);
 
-/// A client of one Palisade store. Cheap to clone (clones share connections).
+/// Most `307`/`308` redirects one call follows (a cluster answers a
+/// request for a twin another node owns with one, to that node).
+pub const MAX_REDIRECTS: usize = 5;
+
+/// A client of one Palisade store (or of any node of a cluster). Cheap to
+/// clone (clones share connections).
 #[derive(Debug, Clone)]
 pub struct Client {
     base: Url,
     http: reqwest::Client,
+    /// `Authorization: Bearer <key>` for every request, marked sensitive
+    /// (not shown by `Debug`).
+    auth: Option<reqwest::header::HeaderValue>,
 }
 
 impl Client {
     /// A client for the store at `base_url` (e.g. `http://127.0.0.1:7070`),
-    /// with [`CONNECT_TIMEOUT`] and [`REQUEST_TIMEOUT`].
+    /// with [`CONNECT_TIMEOUT`] and [`REQUEST_TIMEOUT`]. It follows a
+    /// cluster's redirects itself (up to [`MAX_REDIRECTS`]), with the same
+    /// method, body and headers, the [`Client::with_api_key`] key included.
     pub fn new(base_url: &str) -> Result<Self, ClientError> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
         Self::with_http_client(base_url, http)
     }
 
-    /// A client over your own `reqwest::Client` (your timeouts, proxies, TLS).
+    /// This client, sending `Authorization: Bearer <api_key>` with every
+    /// request (a store with authentication on, docs/security.md). The key
+    /// goes along when the client follows a cluster's redirect to another
+    /// node, but only to an `https://` URL or to the host it was sent to.
+    pub fn with_api_key(mut self, api_key: &str) -> Result<Self, ClientError> {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", api_key.trim()))
+            .map_err(|_| {
+            ClientError::BadUrl("the API key is not a valid header value".into())
+        })?;
+        v.set_sensitive(true);
+        self.auth = Some(v);
+        Ok(self)
+    }
+
+    /// A client over your own `reqwest::Client` (your timeouts, proxies,
+    /// TLS). Build it with `redirect(Policy::none())` to have this client
+    /// follow a cluster's redirects keeping your key; reqwest's own policy
+    /// drops `Authorization` on a redirect to another host or port.
     pub fn with_http_client(base_url: &str, http: reqwest::Client) -> Result<Self, ClientError> {
         let mut base =
             Url::parse(base_url).map_err(|e| ClientError::BadUrl(format!("{base_url:?}: {e}")))?;
@@ -56,7 +84,11 @@ impl Client {
         }
         base.set_query(None);
         base.set_fragment(None);
-        Ok(Self { base, http })
+        Ok(Self {
+            base,
+            http,
+            auth: None,
+        })
     }
 
     /// The store's base URL.
@@ -75,9 +107,41 @@ impl Client {
         Ok(url)
     }
 
-    /// Send a request; a non-2xx response becomes the matching error.
+    /// Send a request, following `307`/`308` redirects (a cluster node
+    /// sends a request for a twin another node owns there); a non-2xx
+    /// response becomes the matching error.
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
-        let resp = req.send().await?;
+        let mut request = req.build()?;
+        if let Some(auth) = &self.auth {
+            request
+                .headers_mut()
+                .insert(reqwest::header::AUTHORIZATION, auth.clone());
+        }
+        let mut hops = 0;
+        let resp = loop {
+            // A body that cannot be cloned (a stream) is not re-sent.
+            let again = request.try_clone();
+            let from = request.url().clone();
+            let resp = self.http.execute(request).await?;
+            let redirect = matches!(resp.status().as_u16(), 307 | 308);
+            let to = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .and_then(|l| from.join(l).ok());
+            match (redirect && hops < MAX_REDIRECTS, again, to) {
+                (true, Some(mut next), Some(to)) => {
+                    hops += 1;
+                    let keeps_key = to.scheme() == "https" || to.host() == from.host();
+                    if !keeps_key {
+                        next.headers_mut().remove(reqwest::header::AUTHORIZATION);
+                    }
+                    *next.url_mut() = to;
+                    request = next;
+                }
+                _ => break resp,
+            }
+        };
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);

@@ -62,7 +62,9 @@ mod lease;
 mod types;
 mod watch;
 
-pub use client::{Client, APPEND_ATTEMPTS, APPEND_BACKOFF, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+pub use client::{
+    Client, APPEND_ATTEMPTS, APPEND_BACKOFF, CONNECT_TIMEOUT, MAX_REDIRECTS, REQUEST_TIMEOUT,
+};
 pub use error::ClientError;
 pub use lease::{Lease, LeaseOptions};
 pub use palisade_api::ErrorName;
