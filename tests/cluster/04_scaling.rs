@@ -5,7 +5,15 @@
 //!
 //! ```sh
 //! cargo test --release --test cluster scaling -- --ignored --nocapture
+//! PALISADE_SCALING_WRITERS=16,64 PALISADE_SCALING_NODES=3 cargo test --release --test cluster scaling -- --ignored --nocapture
 //! ```
+//!
+//! `PALISADE_SCALING_WRITERS` (default 24) lists the numbers of concurrent
+//! writers (HTTP connections), `PALISADE_SCALING_NODES` (default 1,2,3) the
+//! cluster sizes. For each cluster run the table also gives where an
+//! append's time went, from the nodes' `/metrics`
+//! (`palisade_cluster_append_stage_microseconds_total`): until the broker
+//! acknowledged the record, then until it was applied.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -20,7 +28,7 @@ use crate::three_nodes::Cluster;
 
 /// Partitions of every measured store: 12 splits evenly over 1, 2 and 3 nodes.
 const PARTS: u32 = 12;
-/// Concurrent writers, each with its own twin and twin lease.
+/// Concurrent writers, each with its own twin and twin lease, by default.
 const WRITERS: usize = 24;
 /// Appends per writer in one measurement.
 const APPENDS: usize = 60;
@@ -58,11 +66,53 @@ async fn owner_of(c: &reqwest::Client, base: &str, twin: &str) -> String {
     }
 }
 
-/// WRITERS tasks x APPENDS acknowledged appends; returns (appends/s, median ms).
-async fn load(bases: &[String], tag: &str) -> (f64, f64) {
+/// A comma-separated list of numbers from the environment, or `default`.
+fn list(var: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(var).map_or_else(
+        |_| default.to_vec(),
+        |v| v.split(',').map(|x| x.trim().parse().unwrap()).collect(),
+    )
+}
+
+/// Mean ms per append in the produce and apply stages, over the nodes.
+async fn stages(bases: &[String]) -> (f64, f64) {
+    let c = client();
+    let (mut produce, mut apply, mut n) = (0.0, 0.0, 0.0);
+    for b in bases {
+        let text = c
+            .get(format!("{b}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in text.lines() {
+            let value = || line.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+            if line
+                .starts_with("palisade_cluster_append_stage_microseconds_total{stage=\"produce\"}")
+            {
+                produce += value();
+            } else if line
+                .starts_with("palisade_cluster_append_stage_microseconds_total{stage=\"apply\"}")
+            {
+                apply += value();
+            } else if line.starts_with("palisade_cluster_appends_total") {
+                n += value();
+            }
+        }
+    }
+    if n == 0.0 {
+        return (0.0, 0.0);
+    }
+    (produce / n / 1000.0, apply / n / 1000.0)
+}
+
+/// `writers` tasks x APPENDS acknowledged appends; returns (appends/s, median ms).
+async fn load(bases: &[String], tag: &str, writers: usize) -> (f64, f64) {
     let c = client();
     let mut plans = Vec::new();
-    for w in 0..WRITERS {
+    for w in 0..writers {
         let twin = format!("{tag}-w{w}");
         let base = &bases[w % bases.len()];
         let lease: Value = loop {
@@ -116,7 +166,7 @@ async fn load(bases: &[String], tag: &str) -> (f64, f64) {
     let secs = started.elapsed().as_secs_f64();
     all.sort_by(f64::total_cmp);
     #[allow(clippy::cast_precision_loss)]
-    let rate = (WRITERS * APPENDS) as f64 / secs;
+    let rate = (writers * APPENDS) as f64 / secs;
     (rate, all[all.len() / 2])
 }
 
@@ -125,7 +175,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn single_node(dir: &Path, tag: &str) -> (f64, f64) {
+async fn single_node(dir: &Path, tag: &str, writers: usize) -> (f64, f64) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
         .arg("serve")
         .arg("--data")
@@ -152,7 +202,7 @@ async fn single_node(dir: &Path, tag: &str) -> (f64, f64) {
         .strip_prefix("palisade listening on ")
         .unwrap()
         .to_owned();
-    let r = load(&[base], tag).await;
+    let r = load(&[base], tag, writers).await;
     let _ = child.kill();
     let _ = child.wait();
     r
@@ -165,52 +215,90 @@ async fn scaling_one_two_three_nodes_beside_a_single_node() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut rows: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let writer_counts = list("PALISADE_SCALING_WRITERS", &[WRITERS]);
+    let node_counts = list("PALISADE_SCALING_NODES", &[1, 2, 3]);
+    let mut rows: Vec<Row> = Vec::new();
     for rep in 0..REPEAT {
-        let (rate, p50) = single_node(dir.path(), &format!("single{rep}")).await;
-        push(
-            &mut rows,
-            "single node (embedded leases, no Kafka)",
-            rate,
-            p50,
-        );
-        for n in 1..=3usize {
-            let topic = unique(&format!("scale{n}"));
-            broker().create_topic(&topic, PARTS);
-            let cluster = Arc::new(Cluster {
-                group: format!("{topic}-g"),
-                prefix: format!("/{topic}/"),
-                topic: topic.clone(),
-                etcd: etcd.endpoint.clone(),
-                partitions: PARTS,
-            });
-            let mut nodes: Vec<_> = (0..n)
-                .map(|i| cluster.start(&format!("{topic}-n{i}"), dir.path()))
-                .collect();
-            let bases: Vec<String> = nodes.iter().map(|x| x.base.clone()).collect();
-            let (rate, p50) = load(&bases, &topic).await;
-            push(&mut rows, &format!("cluster, {n} node(s)"), rate, p50);
-            for x in &mut nodes {
-                x.terminate();
+        for &writers in &writer_counts {
+            let (rate, p50) =
+                single_node(dir.path(), &format!("single{rep}w{writers}"), writers).await;
+            push(
+                &mut rows,
+                &format!("single node (embedded leases, no Kafka), {writers} writers"),
+                rate,
+                p50,
+                None,
+            );
+            for &n in &node_counts {
+                let topic = unique(&format!("scale{n}w{writers}"));
+                broker().create_topic(&topic, PARTS);
+                let cluster = Arc::new(Cluster {
+                    group: format!("{topic}-g"),
+                    prefix: format!("/{topic}/"),
+                    topic: topic.clone(),
+                    etcd: etcd.endpoint.clone(),
+                    partitions: PARTS,
+                });
+                let mut nodes: Vec<_> = (0..n)
+                    .map(|i| cluster.start(&format!("{topic}-n{i}"), dir.path()))
+                    .collect();
+                let bases: Vec<String> = nodes.iter().map(|x| x.base.clone()).collect();
+                let (rate, p50) = load(&bases, &topic, writers).await;
+                let stage = stages(&bases).await;
+                push(
+                    &mut rows,
+                    &format!("cluster, {n} node(s), {writers} writers"),
+                    rate,
+                    p50,
+                    Some(stage),
+                );
+                for x in &mut nodes {
+                    x.terminate();
+                }
             }
         }
     }
-    println!("\nSCALING partitions={PARTS} writers={WRITERS} appends/writer={APPENDS} repeat={REPEAT} broker={:?}", broker().kind);
+    let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "| configuration | acknowledged appends/s (median) | append latency p50, ms (median) |"
+        "\nSCALING partitions={PARTS} writers={writer_counts:?} appends/writer={APPENDS} repeat={REPEAT} broker={:?} loadavg_before={} loadavg_after={}",
+        broker().kind,
+        load_before.trim(),
+        load_avg.trim()
     );
-    println!("|---|---:|---:|");
-    for (name, rates, p50s) in rows {
-        println!("| {name} | {:.0} | {:.1} |", median(rates), median(p50s));
+    println!(
+        "| configuration | acknowledged appends/s (median) | append latency p50, ms (median) | produce, ms (mean, median of runs) | produce ack to applied, ms (mean, median of runs) |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (name, rates, p50s, stages) in rows {
+        let (produce, apply): (Vec<f64>, Vec<f64>) = stages.into_iter().unzip();
+        let cell = |v: Vec<f64>| {
+            if v.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.1}", median(v))
+            }
+        };
+        println!(
+            "| {name} | {:.0} | {:.1} | {} | {} |",
+            median(rates),
+            median(p50s),
+            cell(produce),
+            cell(apply)
+        );
     }
 }
 
-fn push(rows: &mut Vec<(String, Vec<f64>, Vec<f64>)>, name: &str, rate: f64, p50: f64) {
-    match rows.iter_mut().find(|r| r.0 == name) {
-        Some(r) => {
-            r.1.push(rate);
-            r.2.push(p50);
-        }
-        None => rows.push((name.to_owned(), vec![rate], vec![p50])),
-    }
+/// A configuration's runs: name, rates, p50s, stage means.
+type Row = (String, Vec<f64>, Vec<f64>, Vec<(f64, f64)>);
+
+fn push(rows: &mut Vec<Row>, name: &str, rate: f64, p50: f64, stage: Option<(f64, f64)>) {
+    let i = rows.iter().position(|r| r.0 == name).unwrap_or_else(|| {
+        rows.push((name.to_owned(), Vec::new(), Vec::new(), Vec::new()));
+        rows.len() - 1
+    });
+    let r = &mut rows[i];
+    r.1.push(rate);
+    r.2.push(p50);
+    r.3.extend(stage);
 }

@@ -469,12 +469,16 @@ impl Node {
             headers.push((palisade_kafka::sign::PRINCIPAL_HEADER, p.to_owned()));
             headers.push((palisade_kafka::sign::SIGNATURE_HEADER, signature));
         }
+        let started = std::time::Instant::now();
         let offset = self
             .log
             .produce(p, Some(twin.as_bytes().to_vec()), value, headers)
             .await
             .map_err(|e| AppendError::NotServing(e.to_string()))?;
-        match self.outcome(p, offset).await {
+        let produced = std::time::Instant::now();
+        let outcome = self.outcome(p, offset).await;
+        self.count_stages(produced - started, produced.elapsed());
+        match outcome {
             Some(Applied::Outcome(IngestOutcome::Applied(a))) => Ok(a),
             Some(Applied::Outcome(IngestOutcome::Dropped(e))) => Err(e),
             // Refused by the writer when applied: the same refusal as on
@@ -498,6 +502,27 @@ impl Node {
                 "the outcome of offset {offset} of partition {p} is unknown (ownership moved); retry with the same event ids"
             ))),
         }
+    }
+}
+
+impl Node {
+    /// Where an append's time went: producing it (until the broker
+    /// acknowledged it, acks=all) and then until it was applied here (the
+    /// consumer fetched it and the store committed it). Summed in µs, so
+    /// the means show what bounds cluster appends (docs/scaling.md).
+    fn count_stages(&self, produce: Duration, apply: Duration) {
+        let m = self.store.metrics();
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        const NAME: &str = "palisade_cluster_append_stage_microseconds_total";
+        const HELP: &str = "Time appends spent per stage in cluster mode (produce: until the broker acknowledged; apply: then until applied here), in microseconds.";
+        m.add(NAME, HELP, &[("stage", "produce")], micros(produce));
+        m.add(NAME, HELP, &[("stage", "apply")], micros(apply));
+        m.add(
+            "palisade_cluster_appends_total",
+            "Appends this node sent through Kafka and waited for.",
+            &[],
+            1,
+        );
     }
 }
 
