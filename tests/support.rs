@@ -299,3 +299,48 @@ pub fn lease_id_of(lease: &Value) -> String {
         .expect("lease has an id")
         .to_owned()
 }
+
+/// A self-signed certificate for 127.0.0.1 and localhost, as PEM files.
+pub struct Cert {
+    pub cert_pem: String,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// [`Cert`] written to `dir` (`cert.pem`, `key.pem`).
+pub fn mint_cert(dir: &Path) -> Cert {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    Cert {
+        cert_pem: ck.cert.pem(),
+        cert,
+        key,
+    }
+}
+
+/// A security file `security.toml` in `dir`: the `roles` tables (TOML) and
+/// one principal per `(name, role)` with a fresh API key. Its path, and the
+/// keys by principal name.
+pub fn security_file(
+    dir: &Path,
+    roles: &str,
+    principals: &[(&str, &str)],
+) -> (PathBuf, std::collections::HashMap<String, String>) {
+    let mut file = roles.to_owned();
+    let mut keys = std::collections::HashMap::new();
+    for (name, role) in principals {
+        let key = palisade::http::auth::mint_key().unwrap().0;
+        file.push_str(&format!(
+            "\n[[principals]]\nname = \"{name}\"\nkey_sha256 = \"{}\"\nroles = [\"{role}\"]\n",
+            palisade::http::auth::hash_key(&key)
+        ));
+        keys.insert((*name).to_owned(), key);
+    }
+    let path = dir.join("security.toml");
+    std::fs::write(&path, file).unwrap();
+    (path, keys)
+}

@@ -41,33 +41,20 @@ grants = [
 ]
 "#;
 
-struct Keys {
-    a: String,
-    b: String,
-    ops: String,
-}
+/// The principals of these tests: worker-a and worker-b (part workers),
+/// ops (admin); their keys by name.
+type Keys = std::collections::HashMap<String, String>;
 
 fn security_file(dir: &std::path::Path) -> (std::path::PathBuf, Keys) {
-    let mint = || palisade::http::auth::mint_key().unwrap().0;
-    let keys = Keys {
-        a: mint(),
-        b: mint(),
-        ops: mint(),
-    };
-    let mut file = ROLES.to_owned();
-    for (name, key, role) in [
-        ("worker-a", &keys.a, "part-worker"),
-        ("worker-b", &keys.b, "part-worker"),
-        ("ops", &keys.ops, "ops"),
-    ] {
-        file.push_str(&format!(
-            "[[principals]]\nname = \"{name}\"\nkey_sha256 = \"{}\"\nroles = [\"{role}\"]\n",
-            palisade::http::auth::hash_key(key)
-        ));
-    }
-    let path = dir.join("security.toml");
-    std::fs::write(&path, file).unwrap();
-    (path, keys)
+    crate::support::security_file(
+        dir,
+        ROLES,
+        &[
+            ("worker-a", "part-worker"),
+            ("worker-b", "part-worker"),
+            ("ops", "ops"),
+        ],
+    )
 }
 
 fn client() -> reqwest::Client {
@@ -248,7 +235,7 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         .collect();
 
     // worker-a's lease on part-1, granted through node 0.
-    let la = lease(&nodes[0].base, &keys.a, "twin/part-1").await;
+    let la = lease(&nodes[0].base, &keys["worker-a"], "twin/part-1").await;
     let (token_a, lease_a) = (
         la["token"].as_u64().unwrap(),
         la["lease_id"].as_str().unwrap().to_owned(),
@@ -261,7 +248,7 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
             "POST",
             &n.base,
             "/v1/twins/part-1/events",
-            Some(&keys.a),
+            Some(&keys["worker-a"]),
             Some(token_a),
             Some(&event(&id, i as u64)),
         )
@@ -274,7 +261,7 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
             "POST",
             &n.base,
             "/v1/twins/part-1/events",
-            Some(&keys.b),
+            Some(&keys["worker-b"]),
             Some(token_a),
             Some(&event("b-stolen", 99)),
         )
@@ -301,7 +288,7 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     // redirects would drop it: 401 at the owner).
     let sdk = palisade_client::Client::new(&nodes[2].base)
         .unwrap()
-        .with_api_key(&keys.a)
+        .with_api_key(&keys["worker-a"])
         .unwrap();
     let started = Instant::now();
     let done = loop {
@@ -330,10 +317,19 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     // The lease granted through node 0 is renewed through node 2 by its
     // principal, and is not worker-b's to renew or release anywhere.
     let renew = format!("/v1/leases/{lease_a}/renew");
-    let (status, body) = call("POST", &nodes[2].base, &renew, Some(&keys.a), None, None).await;
+    let (status, body) = call(
+        "POST",
+        &nodes[2].base,
+        &renew,
+        Some(&keys["worker-a"]),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(status, 200, "worker-a renews through n2: {body}");
     for n in &nodes {
-        let (status, body) = call("POST", &n.base, &renew, Some(&keys.b), None, None).await;
+        let (status, body) =
+            call("POST", &n.base, &renew, Some(&keys["worker-b"]), None, None).await;
         assert_eq!(
             (status, body["error"].as_str()),
             (403, Some("lease_not_yours")),
@@ -343,13 +339,13 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     }
 
     // worker-b's own lease, through node 1, writes through node 2.
-    let lb = lease(&nodes[1].base, &keys.b, "twin/part-2").await;
+    let lb = lease(&nodes[1].base, &keys["worker-b"], "twin/part-2").await;
     let token_b = lb["token"].as_u64().unwrap();
     let (status, body) = call(
         "POST",
         &nodes[2].base,
         "/v1/twins/part-2/events",
-        Some(&keys.b),
+        Some(&keys["worker-b"]),
         Some(token_b),
         Some(&event("b-own", 1)),
     )
@@ -357,29 +353,31 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     assert_eq!(status, 201, "worker-b's own token: {body}");
 
     // Straight to Kafka: only the token's owner's signature is applied.
-    produce_signed(&topic, "part-1", token_a, "worker-b", &keys.b, "k-b-stolen").await;
-    produce_signed(&topic, "part-1", token_a, "worker-a", &keys.a, "k-a-own").await;
-    let ids = event_ids(&nodes[0].base, &keys.ops, "part-1", 5).await;
+    produce_signed(
+        &topic,
+        "part-1",
+        token_a,
+        "worker-b",
+        &keys["worker-b"],
+        "k-b-stolen",
+    )
+    .await;
+    produce_signed(
+        &topic,
+        "part-1",
+        token_a,
+        "worker-a",
+        &keys["worker-a"],
+        "k-a-own",
+    )
+    .await;
+    let ids = event_ids(&nodes[0].base, &keys["ops"], "part-1", 5).await;
     assert_eq!(
         ids,
         ["a-http-0", "a-http-1", "a-http-2", "a-sdk", "k-a-own"],
         "part-1's history"
     );
-    let state = |v: &Value| (v["state"].clone(), v["version"].clone());
-    let mut seen = Vec::new();
-    for t in ["part-1", "part-2"] {
-        let (status, body) = call(
-            "GET",
-            &nodes[1].base,
-            &format!("/v1/twins/{t}"),
-            Some(&keys.ops),
-            None,
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{t}: {body}");
-        seen.push(state(&body));
-    }
+    let seen = states(&nodes[1].base, &keys["ops"]).await;
 
     // A fresh node replaying the topic alone decides the same.
     for n in &mut nodes {
@@ -390,26 +388,33 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         ..cluster
     }
     .start_with("solo", dir.path(), &sec);
-    let ids = event_ids(&solo.base, &keys.ops, "part-1", 5).await;
+    let ids = event_ids(&solo.base, &keys["ops"], "part-1", 5).await;
     assert_eq!(
         ids,
         ["a-http-0", "a-http-1", "a-http-2", "a-sdk", "k-a-own"]
     );
-    for (i, t) in ["part-1", "part-2"].iter().enumerate() {
+    assert_eq!(
+        states(&solo.base, &keys["ops"]).await,
+        seen,
+        "a node replaying the log disagrees on state and version"
+    );
+}
+
+/// (state, version) of part-1 and part-2 through `base`, as ops.
+async fn states(base: &str, ops: &str) -> Vec<(Value, Value)> {
+    let mut out = Vec::new();
+    for t in ["part-1", "part-2"] {
         let (status, body) = call(
             "GET",
-            &solo.base,
+            base,
             &format!("/v1/twins/{t}"),
-            Some(&keys.ops),
+            Some(ops),
             None,
             None,
         )
         .await;
         assert_eq!(status, 200, "{t}: {body}");
-        assert_eq!(
-            state(&body),
-            seen[i],
-            "{t}: a node replaying the log disagrees"
-        );
+        out.push((body["state"].clone(), body["version"].clone()));
     }
+    out
 }

@@ -25,35 +25,20 @@ grants = [
 ]
 "#;
 
-/// API keys of worker-a, worker-b (part workers) and ops (admin).
-struct Keys {
-    a: String,
-    b: String,
-    ops: String,
-}
+/// The principals of these tests: worker-a and worker-b (part workers),
+/// ops (admin); their keys by name.
+type Keys = std::collections::HashMap<String, String>;
 
-/// A security file with worker-a, worker-b and ops in `dir`.
 fn security_file(dir: &std::path::Path) -> (std::path::PathBuf, Keys) {
-    let mint = || palisade::http::auth::mint_key().unwrap().0;
-    let keys = Keys {
-        a: mint(),
-        b: mint(),
-        ops: mint(),
-    };
-    let mut file = ROLES.to_owned();
-    for (name, key, role) in [
-        ("worker-a", &keys.a, "part-worker"),
-        ("worker-b", &keys.b, "part-worker"),
-        ("ops", &keys.ops, "ops"),
-    ] {
-        file.push_str(&format!(
-            "[[principals]]\nname = \"{name}\"\nkey_sha256 = \"{}\"\nroles = [\"{role}\"]\n",
-            palisade::http::auth::hash_key(key)
-        ));
-    }
-    let path = dir.join("security.toml");
-    std::fs::write(&path, file).unwrap();
-    (path, keys)
+    super::support::security_file(
+        dir,
+        ROLES,
+        &[
+            ("worker-a", "part-worker"),
+            ("worker-b", "part-worker"),
+            ("ops", "ops"),
+        ],
+    )
 }
 
 /// worker-a's lease on `scope` from the store at `base`: its token.
@@ -86,7 +71,7 @@ async fn only_the_owner_gets_through(
         (401, Some("unauthenticated")),
         "{body}"
     );
-    let (status, body) = send(http, url, token, Some(&keys.b)).await;
+    let (status, body) = send(http, url, token, Some(&keys["worker-b"])).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (403, Some("token_not_yours")),
@@ -94,7 +79,7 @@ async fn only_the_owner_gets_through(
     );
     assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
 
-    let (status, body) = send(http, url, token, Some(&keys.a)).await;
+    let (status, body) = send(http, url, token, Some(&keys["worker-a"])).await;
     assert_eq!(status, 200, "{body}");
     let seen = upstream.seen();
     assert_eq!(seen.len(), 1);
@@ -128,7 +113,7 @@ async fn remote_admission_is_made_with_the_callers_key() {
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let token = lease_of(&http, &serve.base, &keys.a, "twin/part-1").await;
+    let token = lease_of(&http, &serve.base, &keys["worker-a"], "twin/part-1").await;
     let url = format!("{}/api/parts/part-1", proxy.url);
     only_the_owner_gets_through(&http, &url, token, &keys, &upstream).await;
 }
@@ -159,14 +144,14 @@ async fn embedded_admission_is_made_with_the_callers_key_and_audited() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 401);
-    let token = lease_of(&http, &store, &keys.a, "twin/part-1").await;
+    let token = lease_of(&http, &store, &keys["worker-a"], "twin/part-1").await;
     let url = format!("{}/api/parts/part-1", proxy.url);
     only_the_owner_gets_through(&http, &url, token, &keys, &upstream).await;
 
     // The store's audit log has the admission and both refusals.
     let audit: Value = http
         .get(format!("{store}/v1/audit"))
-        .bearer_auth(&keys.ops)
+        .bearer_auth(&keys["ops"])
         .send()
         .await
         .unwrap()
@@ -202,10 +187,8 @@ async fn embedded_admission_is_made_with_the_callers_key_and_audited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_upstream_is_reached_with_its_root() {
     let dir = tempfile::tempdir().unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let minted = super::support::mint_cert(dir.path());
+    let (cert, key) = (minted.cert.clone(), minted.key.clone());
     let upstream = Upstream::start_tls(&cert, &key).await;
     assert!(upstream.url.starts_with("https://"));
     let http = reqwest::Client::builder()
@@ -247,10 +230,8 @@ async fn an_https_upstream_is_reached_with_its_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_store_over_https_is_reached_with_its_root() {
     let dir = tempfile::tempdir().unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let minted = super::support::mint_cert(dir.path());
+    let (cert, key) = (minted.cert.clone(), minted.key.clone());
     let serve = ServeProcess::start(
         &dir.path().join("data"),
         &[
@@ -262,7 +243,7 @@ async fn a_remote_store_over_https_is_reached_with_its_root() {
     );
     assert!(serve.base.starts_with("https://"), "{}", serve.base);
     let https = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(ck.cert.pem().as_bytes()).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(minted.cert_pem.as_bytes()).unwrap())
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
@@ -303,10 +284,8 @@ async fn a_remote_store_over_https_is_reached_with_its_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_serves_https() {
     let dir = tempfile::tempdir().unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let minted = super::support::mint_cert(dir.path());
+    let (cert, key) = (minted.cert.clone(), minted.key.clone());
     let upstream = Upstream::start().await;
     let proxy = ProxyProcess::embedded(
         &dir.path().join("data"),
@@ -323,7 +302,7 @@ async fn the_proxy_serves_https() {
     let store = proxy.store.clone().unwrap();
     assert!(store.starts_with("https://"), "{store}");
     let https = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(ck.cert.pem().as_bytes()).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(minted.cert_pem.as_bytes()).unwrap())
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();

@@ -33,7 +33,6 @@ mod kafka;
 mod overhead;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,26 +73,7 @@ pub const PRINCIPALS: &[(&str, &[&str])] = &[
     ("nobody", &[]),
 ];
 
-/// A self-signed certificate for 127.0.0.1 and localhost, as PEM files.
-pub struct Cert {
-    pub cert_pem: String,
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
-}
-
-pub fn mint_cert(dir: &Path) -> Cert {
-    let ck =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    let cert = dir.join("cert.pem");
-    let key = dir.join("key.pem");
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    Cert {
-        cert_pem: ck.cert.pem(),
-        cert,
-        key,
-    }
-}
+pub use support::{mint_cert, Cert};
 
 /// The security file text for `PRINCIPALS` with these keys, plus `extra`
 /// (top-level settings and tables such as `[limits]`, written first).
