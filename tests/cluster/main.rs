@@ -36,3 +36,6 @@ mod lease_suite;
 
 #[path = "06_lease_suite.rs"]
 mod backend_suite;
+
+#[path = "07_if_match.rs"]
+mod if_match;

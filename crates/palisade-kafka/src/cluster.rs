@@ -70,6 +70,10 @@ pub const ORIGIN_PREV_HEADER: &str = "palisade-origin-prev";
 /// origin partition (for people reading the log; the copy's content is the
 /// origin record's, whoever forwards it).
 pub const FORWARDED_BY_HEADER: &str = "palisade-forwarded-by";
+/// An HTTP append's `If-Match` (decimal twin version): the record applies
+/// only if its twin's version is this at the record's place in the log,
+/// and is refused (`version_mismatch`) otherwise, by every node alike.
+pub const IF_MATCH_HEADER: &str = "palisade-if-match";
 /// Dead-letter reason of a record produced for an HTTP append under an
 /// owner token below the partition's owner fence (a former owner's write).
 pub const STALE_OWNER: &str = "stale_owner";
@@ -468,6 +472,7 @@ impl ClusterIngester {
                         crate::message::dead_letter(&msg, &headers, refusal)
                     }
                 });
+                let record = record.map(|r| expecting(r, &msg));
                 // Its twin's partition, if another: forward a copy there.
                 let copy = match &record {
                     Some(IngestRecord::Append { twin, .. }) => {
@@ -581,6 +586,53 @@ impl ClusterIngester {
         let stepped = stepper.await.unwrap_or(Ok(()));
         let acked = acker.await.unwrap_or(Ok(()));
         result.and(stepped).and(acked)
+    }
+}
+
+/// `record` with the version its `palisade-if-match` header expects (a
+/// forwarded copy's inner record too: the header travels with the copy and
+/// is checked where the twin is). A malformed header refuses the record
+/// (`bad_if_match`) rather than applying it unconditionally.
+fn expecting(record: IngestRecord, msg: &BorrowedMessage<'_>) -> IngestRecord {
+    match record {
+        IngestRecord::Append {
+            twin,
+            token,
+            events,
+            ..
+        } => match header_str(msg, IF_MATCH_HEADER).map(|v| (v.trim().parse::<u64>(), v)) {
+            None => IngestRecord::Append {
+                twin,
+                token,
+                events,
+                if_match: None,
+            },
+            Some((Ok(v), _)) => IngestRecord::Append {
+                twin,
+                token,
+                events,
+                if_match: Some(v),
+            },
+            Some((Err(_), v)) => {
+                let headers = crate::message::headers_of(msg);
+                crate::message::dead_letter(
+                    msg,
+                    &headers,
+                    crate::decode::Refusal {
+                        reason: "bad_if_match",
+                        detail: format!(
+                            "{IF_MATCH_HEADER} must be a twin version (decimal), not {v:?}"
+                        ),
+                    },
+                )
+            }
+        },
+        // Inside, so that the copy still counts in its origin's chain.
+        IngestRecord::Relayed { origin, record } => IngestRecord::Relayed {
+            origin,
+            record: Box::new(expecting(*record, msg)),
+        },
+        other => other,
     }
 }
 

@@ -22,7 +22,8 @@ use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
 use palisade_http::cluster::{ClusterRouting, Route};
 use palisade_kafka::cluster::{
-    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OWNER_TOKEN_HEADER, STALE_OWNER,
+    Admission, Applied, Ownership, CONTROL_HEADER, IF_MATCH_HEADER, NODE_HEADER,
+    OWNER_TOKEN_HEADER, STALE_OWNER,
 };
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
@@ -398,12 +399,6 @@ impl Node {
         mut events: Vec<NewEvent>,
         if_match: Option<u64>,
     ) -> Result<Appended, AppendError> {
-        if if_match.is_some() {
-            return Err(AppendError::BadEvent(
-                "If-Match is not supported in cluster mode (docs/decisions/0012-cluster-mode.md)"
-                    .into(),
-            ));
-        }
         let p = self.store.partition_of(&twin).0;
         let Some(owner) = lock(&self.machine).serving(p, self.clock.now()) else {
             return Err(AppendError::NotServing(format!(
@@ -429,7 +424,7 @@ impl Node {
             })
             .collect();
         let value = serde_json::to_vec(&body).map_err(|e| AppendError::BadEvent(e.to_string()))?;
-        let headers = vec![
+        let mut headers = vec![
             (palisade_kafka::decode::TOKEN_HEADER, token.0.to_string()),
             (
                 palisade_kafka::decode::CONTENT_TYPE_HEADER,
@@ -438,6 +433,11 @@ impl Node {
             (OWNER_TOKEN_HEADER, owner.token.0.to_string()),
             (NODE_HEADER, self.id.clone()),
         ];
+        // Checked by whoever applies the record, against the twin's version
+        // at its place in the log (a 412 comes back through the outcome).
+        if let Some(v) = if_match {
+            headers.push((IF_MATCH_HEADER, v.to_string()));
+        }
         let offset = self
             .log
             .produce(p, Some(twin.as_bytes().to_vec()), value, headers)
