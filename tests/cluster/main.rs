@@ -39,3 +39,6 @@ mod backend_suite;
 
 #[path = "07_if_match.rs"]
 mod if_match;
+
+#[path = "08_views.rs"]
+mod views;

@@ -20,7 +20,7 @@ use palisade_cluster::{
 };
 use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
-use palisade_http::cluster::{ClusterRouting, Route};
+use palisade_http::cluster::{ClusterRouting, Holding, Peer, Route};
 use palisade_kafka::cluster::{
     Admission, Applied, Ownership, CONTROL_HEADER, IF_MATCH_HEADER, NODE_HEADER,
     OWNER_TOKEN_HEADER, STALE_OWNER,
@@ -132,6 +132,9 @@ const OUTCOMES_KEPT: usize = 65_536;
 /// How often a node asks again for an owner lease another node holds (it
 /// releases on its revoke, or its lease expires if it died or is paused).
 const RETAKE_EVERY: Duration = Duration::from_millis(250);
+/// How long a cluster-wide view waits for each owner's own view (a paused
+/// or partitioned owner is then reported `unreachable`).
+const VIEW_WAIT: Duration = Duration::from_secs(2);
 /// How long `admit` tries before the ingester rejoins the group.
 const ADMIT_GIVES_UP: Duration = Duration::from_secs(60);
 
@@ -165,6 +168,9 @@ pub struct Node {
     outcomes: Mutex<Outcomes<Applied>>,
     /// Bumped on every handled record: appends wait on it.
     handled: watch::Sender<u64>,
+    /// Asks other nodes for their own views (cluster-wide views), each
+    /// request bounded by [`VIEW_WAIT`].
+    peers: reqwest::Client,
 }
 
 impl std::fmt::Debug for Node {
@@ -237,6 +243,12 @@ impl Node {
             changed: watch::channel(0).0,
             outcomes: Mutex::new(Outcomes::new(OUTCOMES_KEPT)),
             handled: watch::channel(0).0,
+            peers: reqwest::Client::builder()
+                .timeout(VIEW_WAIT)
+                .connect_timeout(VIEW_WAIT)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap_or_default(),
         })
     }
 
@@ -559,14 +571,7 @@ impl ClusterRouting for Node {
                     }
                 };
             }
-            let owner = self
-                .owners
-                .owner(partition)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|v| serde_json::from_slice::<OwnerValue>(&v).ok());
-            match owner {
+            match self.owner_of(partition).await.ok().flatten() {
                 Some(o) if o.node != self.id => Route::Elsewhere {
                     node: o.node,
                     url: o.url,
@@ -575,6 +580,81 @@ impl ClusterRouting for Node {
                     reason: "no node owns it yet (a rebalance or takeover is in progress)".into(),
                 },
             }
+        })
+    }
+
+    fn node(&self) -> String {
+        self.id.clone()
+    }
+
+    fn holding(&self, partition: u32) -> Holding {
+        let m = lock(&self.machine);
+        let now = self.clock.now();
+        Holding {
+            owner_token: m.live(partition, now).map(|o| o.token.0),
+            serving: m.serving(partition, now).is_some(),
+        }
+    }
+
+    fn owners(&self, partitions: u32) -> BoxFuture<'_, Result<Vec<Option<Peer>>, String>> {
+        Box::pin(async move {
+            let mut each = tokio::task::JoinSet::new();
+            for p in 0..partitions {
+                let Some(me) = self.me() else {
+                    return Err("the node is shutting down".into());
+                };
+                each.spawn(async move { (p, me.owner_of(p).await) });
+            }
+            let mut owners = vec![None; partitions as usize];
+            while let Some(r) = each.join_next().await {
+                let (p, owner) = r.map_err(|e| e.to_string())?;
+                owners[p as usize] = owner?;
+            }
+            Ok(owners)
+        })
+    }
+
+    fn ask(&self, peer: Peer, path_and_query: String) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        Box::pin(async move {
+            let url = format!("{}{path_and_query}", peer.url.trim_end_matches('/'));
+            let r = self
+                .peers
+                .get(&url)
+                .send()
+                .await
+                .map_err(|e| format!("node {} at {url}: {e}", peer.node))?;
+            let status = r.status();
+            let body = r
+                .bytes()
+                .await
+                .map_err(|e| format!("node {} at {url}: {e}", peer.node))?;
+            if !status.is_success() {
+                return Err(format!(
+                    "node {} at {url} answered {status}: {}",
+                    peer.node,
+                    String::from_utf8_lossy(&body)
+                ));
+            }
+            Ok(body.to_vec())
+        })
+    }
+}
+
+impl Node {
+    fn owner_of(&self, partition: u32) -> BoxFuture<'_, Result<Option<Peer>, String>> {
+        Box::pin(async move {
+            let v = self
+                .owners
+                .owner(partition)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(
+                v.and_then(|v| serde_json::from_slice::<OwnerValue>(&v).ok())
+                    .map(|o| Peer {
+                        node: o.node,
+                        url: o.url,
+                    }),
+            )
         })
     }
 }
