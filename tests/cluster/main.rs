@@ -42,3 +42,6 @@ mod if_match;
 
 #[path = "08_views.rs"]
 mod views;
+
+#[path = "09_rebalance.rs"]
+mod rebalance;

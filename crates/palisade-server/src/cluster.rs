@@ -533,6 +533,14 @@ impl Ownership for Node {
         })
     }
 
+    fn admitted(&self, partition: u32) -> Option<Admission> {
+        match lock(&self.machine).gate(partition, self.clock.now()) {
+            Gate::NotAssigned => Some(Admission::NotAssigned),
+            Gate::Owned(t) => Some(Admission::Owned(t)),
+            Gate::Wait => None,
+        }
+    }
+
     fn handled(
         &self,
         partition: u32,
