@@ -303,3 +303,190 @@ async fn rebalances_move_only_what_moves_and_lose_nothing_when_installed() {
     }
     drop(nodes);
 }
+
+/// Standard base64 (for etcd's JSON gateway).
+fn b64(data: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// POST `body` to etcd's JSON gateway (`/v3/...`).
+async fn etcd_v3(endpoint: &str, path: &str, body: Value) -> Value {
+    let r = http()
+        .post(format!("{endpoint}/v3/{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "etcd {path}: {}", r.status());
+    r.json().await.unwrap()
+}
+
+/// A partition whose owner lease another holder keeps (as a node that is
+/// still alive in etcd but no longer in the group would) is paused aside:
+/// the node's other partitions are served and acknowledge appends
+/// meanwhile, and once the lease is free the paused partition resumes at
+/// the record that waited (it is not skipped).
+///
+/// Shown to fail with the consume loop awaiting the owner lease in line
+/// (the other partitions' appends are never acknowledged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_waiting_for_its_owner_lease_holds_up_no_other_when_installed() {
+    let Some(etcd) =
+        Etcd::start("a_partition_waiting_for_its_owner_lease_holds_up_no_other_when_installed")
+            .await
+    else {
+        return;
+    };
+    let topic = unique("cluster-squat");
+    broker().create_topic(&topic, PARTITIONS);
+    let prefix = format!("/{topic}/");
+    // Partition 0's owner key, held under a long etcd lease by someone else.
+    let squatted = 0u32;
+    let lease = etcd_v3(&etcd.endpoint, "lease/grant", json!({"TTL": 600})).await;
+    let lease_id = lease["ID"].as_str().unwrap().to_owned();
+    etcd_v3(
+        &etcd.endpoint,
+        "kv/put",
+        json!({
+            "key": b64(format!("{prefix}owner/{squatted:05}").as_bytes()),
+            "value": b64(br#"{"node":"squatter","url":"http://127.0.0.1:9"}"#),
+            "lease": lease_id,
+        }),
+    )
+    .await;
+    // A record waiting in the squatted partition (garbage: a dead letter
+    // once applied).
+    let waiting_offset = {
+        use rdkafka::message::{Header, OwnedHeaders};
+        let rec = rdkafka::producer::FutureRecord::to(&topic)
+            .partition(i32::try_from(squatted).unwrap())
+            .key("waiting")
+            .payload("not json")
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "content-type",
+                value: Some(b"application/json".as_slice()),
+            }));
+        let d = broker()
+            .raw_producer()
+            .send(rec, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        u64::try_from(d.offset).unwrap()
+    };
+    let cluster = Cluster {
+        group: format!("{topic}-group"),
+        topic: topic.clone(),
+        etcd: etcd.endpoint.clone(),
+        prefix,
+        partitions: PARTITIONS,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = cluster.start("n0", dir.path());
+    let twin_of = |p: u32| {
+        (0..)
+            .map(|i| format!("sq-{i}"))
+            .find(|t| partition_for(&TwinId::new(t.as_str()).unwrap(), PARTITIONS).0 == p)
+            .unwrap()
+    };
+    let token = |t: String| {
+        let base = node.base.clone();
+        async move {
+            let r = http()
+                .post(format!("{base}/v1/leases"))
+                .json(&json!({"scope": format!("twin/{t}"), "holder": "w", "ttl_ms": 3_600_000}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 201);
+            r.json::<Value>().await.unwrap()["token"].as_u64().unwrap()
+        }
+    };
+    let append = |t: String, token: u64| {
+        let base = node.base.clone();
+        async move {
+            let started = Instant::now();
+            loop {
+                let r = http()
+                    .post(format!("{base}/v1/twins/{t}/events"))
+                    .header("fencing-token", token.to_string())
+                    .json(&json!({"type": "set", "patch": {"ok": true}, "event_id": "e1"}))
+                    .send()
+                    .await;
+                let last = match r {
+                    Ok(r) if r.status().as_u16() == 201 => return,
+                    Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    started.elapsed() < STEP,
+                    "{t} never acknowledged while partition {squatted} waits: {last}"
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    };
+    // The other partitions acknowledge while partition 0 waits.
+    for p in (0..PARTITIONS).filter(|p| *p != squatted) {
+        let t = twin_of(p);
+        let k = token(t.clone()).await;
+        append(t, k).await;
+    }
+    let view: Value = http()
+        .get(format!("{}/v1/partitions", node.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let p0 = &view["partitions"][squatted as usize]["cluster"];
+    assert_eq!(
+        (p0["node"].as_str(), p0["status"].as_str()),
+        (Some("squatter"), Some("unreachable")),
+        "partition {squatted} is still held elsewhere: {view}"
+    );
+
+    // The lease is let go: the partition resumes at the record that waited.
+    etcd_v3(&etcd.endpoint, "lease/revoke", json!({"ID": lease_id})).await;
+    let t = twin_of(squatted);
+    let k = token(t.clone()).await;
+    append(t, k).await;
+    let dl: Value = http()
+        .get(format!(
+            "{}/v1/dead-letters?partition={squatted}&limit=100",
+            node.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        dl["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["offset"] == waiting_offset && d["key"] == "waiting"),
+        "the record that waited at offset {waiting_offset} was skipped: {dl}"
+    );
+    drop(node);
+}
