@@ -39,6 +39,9 @@ struct Report {
     acked: Vec<String>,
     /// Failed attempts: (phase, what failed).
     failures: Vec<(u8, String)>,
+    /// When the first and the last failed attempt of the join happened (for
+    /// the printed summary only: how long a moved partition paused).
+    join_window: Option<(Instant, Instant)>,
 }
 
 /// Append events `{twin}-0`, `{twin}-1`, ... through `base` (redirects
@@ -82,11 +85,15 @@ async fn writer(
                 !f.starts_with("4"),
                 "{id}: refused, not a transient failure: {f}"
             );
-            report
-                .lock()
-                .unwrap()
-                .failures
-                .push((phase.load(Ordering::SeqCst), f));
+            {
+                let ph = phase.load(Ordering::SeqCst);
+                let mut rep = report.lock().unwrap();
+                if ph == JOINING {
+                    let now = Instant::now();
+                    rep.join_window = Some(rep.join_window.map_or((now, now), |(a, _)| (a, now)));
+                }
+                rep.failures.push((ph, f));
+            }
             assert!(started.elapsed() < STEP * 4, "{id} never acknowledged");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -254,6 +261,12 @@ async fn rebalances_move_only_what_moves_and_lose_nothing_when_installed() {
     }
 
     eprintln!("rebalance: owners {before:?} -> {after:?}; unmoved {unmoved:?}");
+    for ((t, p), r) in twins.iter().zip(&reports) {
+        let r = r.lock().unwrap();
+        let n = r.failures.iter().filter(|(ph, _)| *ph == JOINING).count();
+        let ms = r.join_window.map_or(0, |(a, b)| (b - a).as_millis());
+        eprintln!("rebalance: join: {t} (partition {p}): {n} failed attempts over {ms} ms");
+    }
 
     // A node leaves cleanly, then another dies, both under load.
     phase.store(3, Ordering::SeqCst);
