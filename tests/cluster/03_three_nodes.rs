@@ -116,7 +116,7 @@ impl Cluster {
 }
 
 impl Node {
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().unwrap().id();
         assert!(Command::new("kill")
             .arg(format!("-{sig}"))

@@ -37,5 +37,14 @@ mod lease_suite;
 #[path = "06_lease_suite.rs"]
 mod backend_suite;
 
+#[path = "07_if_match.rs"]
+mod if_match;
+
+#[path = "08_views.rs"]
+mod views;
+
+#[path = "09_rebalance.rs"]
+mod rebalance;
+
 #[path = "10_auth.rs"]
 mod auth;

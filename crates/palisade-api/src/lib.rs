@@ -35,7 +35,8 @@ pub use error::{
 pub use event::{AppendResponse, EffectIn, EventIn, EventOut, EventsPage};
 pub use lease::{AdvisedLeaseOut, LeaseAdviceOut, LeaseIn, LeaseOut, TailsOut};
 pub use read::{
-    AuditOut, AuditResponse, DeadLetterOut, DeadLettersResponse, Health, HealthFailure,
-    OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse,
-    RejectionOut, RejectionsResponse, TwinResponse,
+    AuditOut, AuditResponse, ClusterPartitionOut, DeadLetterOut, DeadLettersResponse, Health,
+    HealthFailure, MissingPartitionOut, OutboxEntryOut, OutboxResponse, PartitionOut,
+    PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut, RejectionsResponse,
+    TwinResponse,
 };

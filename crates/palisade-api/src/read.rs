@@ -46,6 +46,13 @@ pub struct PartitionsResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartitionOut {
+    /// Cluster mode only (absent on one node): who owns the partition and
+    /// how it is doing. In the cluster view, `fence`, `head` and `owner`
+    /// are the owner node's; for a partition whose owner did not answer
+    /// (`unreachable`) or that no node owns (`unowned`) they are not known
+    /// and are `0` and `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterPartitionOut>,
     pub fence: u64,
     /// Sequence number of the latest event (0: empty).
     pub head: u64,
@@ -54,6 +61,33 @@ pub struct PartitionOut {
     #[serde(serialize_with = "crate::sorted::serialize")]
     pub owner: Option<LeaseOut>,
     pub partition: u32,
+}
+
+/// Cluster mode: a partition's owner and state (`GET /v1/partitions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClusterPartitionOut {
+    /// Why the owner did not answer (`unreachable` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Records of the partition in Kafka not yet applied by its owner, as
+    /// last measured (every 5 s; `palisade_kafka_lag`); `null` unless the
+    /// owner answered.
+    pub lag: Option<u64>,
+    /// The owner node (etcd's owner key; in `scope=local`, this node if it
+    /// holds the partition); `null`: no node owns it.
+    pub node: Option<String>,
+    /// The partition-owner token the owner holds it under (its etcd owner
+    /// key's create revision); `null` unless the owner answered.
+    pub owner_token: Option<u64>,
+    /// Whether the owner serves it (appends and reads).
+    pub serving: bool,
+    /// `serving`; `rebuilding` (the owner is replaying it from Kafka);
+    /// `unowned` (no node holds its owner lease: a rebalance or takeover);
+    /// `unreachable` (its owner did not answer in time); `moving` (the
+    /// node etcd names says it does not hold it: a handoff in progress);
+    /// in `scope=local`, `elsewhere` (this node does not hold it).
+    pub status: String,
 }
 
 /// `200` of `GET /v1/rejections`.
@@ -181,6 +215,24 @@ pub struct OutboxEntryOut {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeadLettersResponse {
     pub dead_letters: Vec<DeadLetterOut>,
+    /// Cluster mode: partitions whose dead letters are not in the answer
+    /// because their owner did not answer (`unreachable`) or no node owns
+    /// them (`unowned`); absent when every partition answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<MissingPartitionOut>,
+}
+
+/// Cluster mode: a partition left out of a cluster-wide answer, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MissingPartitionOut {
+    /// What went wrong (the owner's error, or that none owns it).
+    pub error: String,
+    /// The owner etcd names (`null`: none).
+    pub node: Option<String>,
+    pub partition: u32,
+    /// `unreachable` or `unowned`.
+    pub status: String,
 }
 
 /// A Kafka record that could not be applied.

@@ -68,6 +68,7 @@ mod tests {
             expires_in_ms: 500,
         };
         let p = PartitionOut {
+            cluster: None,
             fence: 4,
             head: 2,
             owner: Some(owner),

@@ -29,9 +29,37 @@ pub enum Route {
     Unavailable { reason: String },
 }
 
+/// A node as a partition's owner key names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub node: String,
+    /// Where it is reached (scheme://host:port).
+    pub url: String,
+}
+
+/// This node's own hold on a partition (the local view).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    /// The owner token it holds the partition under, while its owner lease
+    /// is live by its own clock.
+    pub owner_token: Option<u64>,
+    /// Whether it serves the partition (caught up since its takeover).
+    pub serving: bool,
+}
+
 /// The node's view of partition ownership.
 pub trait ClusterRouting: Send + Sync + Debug {
     fn route(&self, partition: u32) -> BoxFuture<'_, Route>;
+    /// This node's id.
+    fn node(&self) -> String;
+    /// This node's hold on `partition`.
+    fn holding(&self, partition: u32) -> Holding;
+    /// Every partition's owner as etcd names it, by partition (`None`: no
+    /// node holds its owner lease); `Err` if etcd cannot be read.
+    fn owners(&self, partitions: u32) -> BoxFuture<'_, Result<Vec<Option<Peer>>, String>>;
+    /// `GET path_and_query` on `peer`, bounded in time: its `200` body, or
+    /// why not (no answer in time, another status, not JSON).
+    fn ask(&self, peer: Peer, path_and_query: String) -> BoxFuture<'_, Result<Vec<u8>, String>>;
 }
 
 #[derive(Clone)]

@@ -17,6 +17,7 @@ mod openapi;
 mod routes;
 mod security;
 pub mod tls;
+mod views;
 mod watch;
 mod wire;
 

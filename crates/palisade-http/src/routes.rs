@@ -839,36 +839,72 @@ pub(crate) async fn partition_events(
     ))
 }
 
-/// Every partition: fence, head and owner.
+/// Which view a cluster node answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum ViewScope {
+    /// This node's own view only (how the cluster view asks each owner).
+    Local,
+    /// The whole cluster, gathered from every partition's owner (default).
+    Cluster,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PartitionsQuery {
+    /// Cluster mode: `local` for this node's own view only; default
+    /// `cluster` (every partition from its owner). Ignored on one node.
+    #[param(inline)]
+    scope: Option<ViewScope>,
+}
+
+/// Every partition: fence, head and owner; in cluster mode also its owner
+/// node, owner token, lag and whether it is served, gathered from every
+/// partition's owner (a view: each owner answers for its partitions at a
+/// slightly different moment, not a snapshot).
 #[utoipa::path(
     get,
     path = "/v1/partitions",
     tag = "partitions",
+    params(PartitionsQuery),
     responses(
         (status = 200, description = "The partitions", body = PartitionsResponse),
+        (status = 400, description = "`bad_query`", body = ErrorBody),
         (status = 500, description = "`storage`", body = ErrorBody),
+        (status = 503, description = "`lease_authority_unavailable` (cluster mode: etcd's owner keys cannot be read)", body = ErrorBody),
     )
 )]
 pub(crate) async fn partitions(
     State(s): State<AppState>,
     caller: Caller,
+    q: Result<Query<PartitionsQuery>, QueryRejection>,
 ) -> Result<Json<PartitionsResponse>, ApiError> {
     caller
         .admit(AuditAction::Admin)?
         .authorize(Action::Read, &Resource::Admin("partitions".into()))?;
+    let q = query(q)?;
     let infos = s.store.partition_infos_async().await?;
+    let cluster = s.config.cluster.as_deref();
     let partitions = infos
         .into_iter()
         .map(|i| PartitionOut {
+            cluster: cluster.map(|c| crate::views::holding_out(c, &s.store, i.partition.0)),
             fence: i.fence.0,
             head: i.head,
             owner: i.owner.map(|l| lease_out(&l, s.store.lease_expires_in(&l))),
             partition: i.partition.0,
         })
         .collect();
-    Ok(Json(PartitionsResponse {
+    let local = PartitionsResponse {
         last_token: s.store.last_token().0,
         partitions,
+    };
+    Ok(Json(match cluster {
+        Some(c) if q.scope != Some(ViewScope::Local) => {
+            crate::views::partitions(c, s.store.partitions(), local).await?
+        }
+        _ => local,
     }))
 }
 
@@ -1154,9 +1190,17 @@ pub(crate) struct DeadLetterQuery {
     /// values are clamped).
     #[param(minimum = 1)]
     limit: Option<usize>,
+    /// Cluster mode: `local` for this node's own store only; default
+    /// `cluster` (each partition's from its owner). Ignored on one node.
+    #[param(inline)]
+    scope: Option<ViewScope>,
 }
 
-/// Stored dead letters (Kafka records that could not be applied), oldest first.
+/// Stored dead letters (Kafka records that could not be applied), oldest
+/// first (by Kafka partition, then offset). In cluster mode each
+/// partition's come from its owner, which holds every dead letter of the
+/// partition (it applied or replayed the whole partition); partitions whose
+/// owner did not answer are listed in `missing`.
 #[utoipa::path(
     get,
     path = "/v1/dead-letters",
@@ -1166,6 +1210,7 @@ pub(crate) struct DeadLetterQuery {
         (status = 200, description = "Dead letters, oldest first (last 10,000 per partition)", body = DeadLettersResponse),
         (status = 400, description = "`bad_query`", body = ErrorBody),
         (status = 500, description = "`storage`", body = ErrorBody),
+        (status = 503, description = "`lease_authority_unavailable` (cluster mode: etcd's owner keys cannot be read)", body = ErrorBody),
     )
 )]
 pub(crate) async fn dead_letters(
@@ -1180,24 +1225,38 @@ pub(crate) async fn dead_letters(
     // `partition` is a Kafka partition: the topic may have more than the
     // store (records are routed by key), so any number is a valid filter.
     let limit = page_limit(q.limit, 100, s.config.max_page)?;
+    if let Some(c) = s.config.cluster.as_deref() {
+        if q.scope != Some(ViewScope::Local) {
+            return Ok(Json(
+                crate::views::dead_letters(c, &s.store, q.partition, q.after, limit).await?,
+            ));
+        }
+    }
     let dead_letters = s
         .store
         .dead_letters_async(q.partition, q.after, limit)
         .await?
         .into_iter()
-        .map(|d| DeadLetterOut {
-            at_ms: d.at_ms,
-            headers: d.headers,
-            key: d.key,
-            message: d.detail,
-            offset: d.offset,
-            partition: d.partition,
-            reason: d.reason,
-            value: String::from_utf8_lossy(&d.value).into_owned(),
-            value_len: d.value_len,
-        })
+        .map(dead_letter_out)
         .collect();
-    Ok(Json(DeadLettersResponse { dead_letters }))
+    Ok(Json(DeadLettersResponse {
+        dead_letters,
+        missing: Vec::new(),
+    }))
+}
+
+pub(crate) fn dead_letter_out(d: palisade_log::DeadLetter) -> DeadLetterOut {
+    DeadLetterOut {
+        at_ms: d.at_ms,
+        headers: d.headers,
+        key: d.key,
+        message: d.detail,
+        offset: d.offset,
+        partition: d.partition,
+        reason: d.reason,
+        value: String::from_utf8_lossy(&d.value).into_owned(),
+        value_len: d.value_len,
+    }
 }
 
 /// Whether an `If-None-Match` value names `etag` (RFC 9110 13.1.2): `*`

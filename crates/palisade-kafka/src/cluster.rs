@@ -34,7 +34,9 @@ use std::time::Duration;
 use palisade_core::{partition_for, BoxFuture, FencingToken, PartitionId, Scope};
 use palisade_log::{AppendError, DeadLetter, IngestOutcome, IngestRecord, Origin, Source, Store};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{
+    BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
+};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -70,6 +72,10 @@ pub const ORIGIN_PREV_HEADER: &str = "palisade-origin-prev";
 /// origin partition (for people reading the log; the copy's content is the
 /// origin record's, whoever forwards it).
 pub const FORWARDED_BY_HEADER: &str = "palisade-forwarded-by";
+/// An HTTP append's `If-Match` (decimal twin version): the record applies
+/// only if its twin's version is this at the record's place in the log,
+/// and is refused (`version_mismatch`) otherwise, by every node alike.
+pub const IF_MATCH_HEADER: &str = "palisade-if-match";
 /// Dead-letter reason of a record produced for an HTTP append under an
 /// owner token below the partition's owner fence (a former owner's write).
 pub const STALE_OWNER: &str = "stale_owner";
@@ -106,6 +112,10 @@ pub trait Ownership: Send + Sync + Debug {
     /// Wait until this node holds p's owner lease (taking it, and writing
     /// its owner marker, on first use).
     fn admit(&self, partition: u32) -> BoxFuture<'_, Admission>;
+    /// [`Ownership::admit`]'s answer if it is known now; `None` if admit
+    /// would wait (the consumer then pauses p and waits aside, so the other
+    /// partitions keep flowing).
+    fn admitted(&self, partition: u32) -> Option<Admission>;
     /// The record at `offset` of `partition` was handled (for HTTP appends
     /// waiting on their record, and for "caught up" after a takeover).
     fn handled(
@@ -151,11 +161,27 @@ pub fn producer_settings(settings: &[(String, String)]) -> Vec<(String, String)>
 /// receiver, whatever their `prev`).
 type Chains = Arc<std::sync::Mutex<HashMap<(u32, u32), u64>>>;
 
+/// Partitions waiting for this node's owner lease, paused in the consumer:
+/// partition -> (the first record not handled, to seek back to once
+/// admitted; the wait's number, so that a late answer of an ended wait is
+/// ignored). A revoke or a new assignment of the partition ends its wait
+/// (the assignment sets the position itself).
+type Waiting = Arc<std::sync::Mutex<HashMap<u32, (u64, u64)>>>;
+
 struct ClusterContext {
     store: Arc<Store>,
     topic: String,
     ownership: Arc<dyn Ownership>,
     chains: Chains,
+    waiting: Waiting,
+}
+
+fn tpl_of(topic: &str, partitions: &[u32]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition(topic, i32::try_from(*p).unwrap_or(i32::MAX));
+    }
+    tpl
 }
 
 impl ClientContext for ClusterContext {}
@@ -172,6 +198,23 @@ impl ConsumerContext for ClusterContext {
             .iter()
             .filter_map(|e| u32::try_from(e.partition()).ok())
             .collect();
+        // Cooperative (incremental) rebalancing: `tpl` holds only the
+        // partitions that move, and the others keep flowing (decision 0034).
+        // Eager (`range`, `roundrobin`): every partition is revoked, then
+        // all assigned.
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        {
+            let mut waiting = self
+                .waiting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for p in &parts {
+                waiting.remove(p);
+            }
+        }
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 for p in &parts {
@@ -203,17 +246,33 @@ impl ConsumerContext for ClusterContext {
                     info!(partition = p, ?resume, "cluster: assigned");
                 }
                 self.ownership.assigned(&parts);
-                consumer.assign(tpl)
+                let assigned = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                // A pause outlives an unassign: a partition paused while it
+                // waited for its owner lease, revoked and now assigned
+                // again must flow (a no-op for one not paused).
+                assigned.and_then(|()| consumer.resume(&tpl_of(&self.topic, &parts)))
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.ownership.revoked(&parts);
-                info!(partitions = ?parts, "cluster: revoked");
-                consumer.unassign()
+                info!(partitions = ?parts, cooperative, "cluster: revoked");
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
             }
             other => {
                 error!(error = ?other, "rebalance error");
                 self.ownership.revoked(&parts);
-                consumer.unassign()
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
             }
         };
         if let Err(e) = result {
@@ -298,18 +357,22 @@ impl ClusterIngester {
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
-            // Eager rebalancing: a revoke reaches every member before any
-            // assignment, so two nodes never both think Kafka gave them p.
-            .set("partition.assignment.strategy", "range");
+            // Incremental rebalancing (decision 0034): only the partitions
+            // that move are revoked (before they are assigned elsewhere, in
+            // a second rebalance, so two nodes never both think Kafka gave
+            // them p); the others keep flowing.
+            .set("partition.assignment.strategy", "cooperative-sticky");
         for (k, v) in &cfg.client_settings {
             cc.set(k, v);
         }
         let chains: Chains = Arc::default();
+        let waiting: Waiting = Arc::default();
         let consumer: Arc<ClusterConsumer> = Arc::new(cc.create_with_context(ClusterContext {
             store: store.clone(),
             topic: cfg.topic.clone(),
             ownership: ownership.clone(),
             chains: chains.clone(),
+            waiting: waiting.clone(),
         })?);
         // The forwarding producer: acks=all and idempotent, so copies of one
         // partition land in the order they are produced, each once.
@@ -429,15 +492,28 @@ impl ClusterIngester {
             })
         };
         let mut owner_fences: HashMap<u32, u64> = HashMap::new();
+        // Owner-lease waits that ended: (partition, wait number, answer).
+        let (admitted_tx, mut admitted) = mpsc::unbounded_channel::<(u32, u64, Admission)>();
+        let mut waits = 0u64;
         let result: Result<(), KafkaIngestError> = async {
             loop {
                 let msg = tokio::select! {
                     m = consumer.recv() => m?,
+                    Some((p, wait, answer)) = admitted.recv() => {
+                        if !admit_waited(&consumer, &cfg.topic, &waiting, p, wait, answer) {
+                            return Ok(());
+                        }
+                        continue;
+                    }
                     () = tx.closed() => return Ok(()),
                 };
                 let (Ok(p), Ok(o)) = (u32::try_from(msg.partition()), u64::try_from(msg.offset())) else {
                     continue;
                 };
+                // Fetched before p was paused: read again once admitted.
+                if waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(&p) {
+                    continue;
+                }
                 let control = header_str(&msg, CONTROL_HEADER);
                 let owner_token = header_str(&msg, OWNER_TOKEN_HEADER).and_then(|t| t.parse::<u64>().ok());
                 let node = header_str(&msg, NODE_HEADER).unwrap_or_default();
@@ -468,6 +544,7 @@ impl ClusterIngester {
                         crate::message::dead_letter(&msg, &headers, refusal)
                     }
                 });
+                let record = record.map(|r| expecting(r, &msg));
                 // Its twin's partition, if another: forward a copy there.
                 let copy = match &record {
                     Some(IngestRecord::Append { twin, .. }) => {
@@ -504,12 +581,30 @@ impl ClusterIngester {
                 };
                 // A borrowed message is not Send: nothing below may hold it.
                 drop(msg);
-                let token = match ownership.admit(p).await {
-                    Admission::Owned(t) => t,
-                    Admission::NotAssigned => continue,
-                    Admission::Lost => {
+                let token = match ownership.admitted(p) {
+                    Some(Admission::Owned(t)) => t,
+                    Some(Admission::NotAssigned) => continue,
+                    Some(Admission::Lost) => {
                         warn!(partition = p, "cluster: owner lease lost while assigned; rejoining");
                         return Ok(());
+                    }
+                    None => {
+                        // Wait for p's owner lease aside, p paused, so the
+                        // other partitions keep flowing; this record is read
+                        // again once admitted.
+                        if let Err(e) = consumer.pause(&tpl_of(&cfg.topic, &[p])) {
+                            warn!(partition = p, error = %e, "cluster: cannot pause a partition waiting for its owner lease; rejoining");
+                            return Ok(());
+                        }
+                        waits += 1;
+                        waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(p, (o, waits));
+                        info!(partition = p, offset = o, "cluster: partition paused until this node holds its owner lease");
+                        let (ownership, done, wait) = (ownership.clone(), admitted_tx.clone(), waits);
+                        tokio::spawn(async move {
+                            let answer = ownership.admit(p).await;
+                            let _ = done.send((p, wait, answer));
+                        });
+                        continue;
                     }
                 };
                 let fence = match owner_fences.get(&p) {
@@ -596,6 +691,116 @@ impl ClusterIngester {
         let stepped = stepper.await.unwrap_or(Ok(()));
         let acked = acker.await.unwrap_or(Ok(()));
         result.and(stepped).and(acked)
+    }
+}
+
+/// A wait for p's owner lease ended with `answer`: if it is still p's
+/// current wait, resume p at the first record it did not handle (admitted),
+/// or leave it to the next assignment (not assigned here any more). `false`:
+/// rejoin the group (the lease cannot be had, or p cannot be resumed where
+/// it stopped; the stored offsets are where it resumes then).
+fn admit_waited(
+    consumer: &ClusterConsumer,
+    topic: &str,
+    waiting: &Waiting,
+    p: u32,
+    wait: u64,
+    answer: Admission,
+) -> bool {
+    let from = {
+        let mut w = waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match w.get(&p) {
+            Some((from, n)) if *n == wait => {
+                let from = *from;
+                w.remove(&p);
+                from
+            }
+            // Ended by a revoke or a new assignment meanwhile.
+            _ => return true,
+        }
+    };
+    match answer {
+        Admission::Owned(_) => {
+            // The pause moved the fetch position past the record that
+            // waited (librdkafka resumes after the last record handed
+            // out): seek back to it first.
+            let at = Offset::Offset(i64::try_from(from).unwrap_or(i64::MAX));
+            let partition = i32::try_from(p).unwrap_or(i32::MAX);
+            match consumer
+                .seek(topic, partition, at, Duration::from_secs(10))
+                .and_then(|()| consumer.resume(&tpl_of(topic, &[p])))
+            {
+                Ok(()) => {
+                    info!(
+                        partition = p,
+                        offset = from,
+                        "cluster: owner lease had; partition resumed"
+                    );
+                    true
+                }
+                Err(e) => {
+                    warn!(partition = p, error = %e, "cluster: cannot resume a partition where it waited; rejoining");
+                    false
+                }
+            }
+        }
+        Admission::NotAssigned => true,
+        Admission::Lost => {
+            warn!(
+                partition = p,
+                "cluster: owner lease lost while assigned; rejoining"
+            );
+            false
+        }
+    }
+}
+
+/// `record` with the version its `palisade-if-match` header expects (a
+/// forwarded copy's inner record too: the header travels with the copy and
+/// is checked where the twin is). A malformed header refuses the record
+/// (`bad_if_match`) rather than applying it unconditionally.
+fn expecting(record: IngestRecord, msg: &BorrowedMessage<'_>) -> IngestRecord {
+    match record {
+        IngestRecord::Append {
+            twin,
+            token,
+            events,
+            ..
+        } => match header_str(msg, IF_MATCH_HEADER).map(|v| (v.trim().parse::<u64>(), v)) {
+            None => IngestRecord::Append {
+                twin,
+                token,
+                events,
+                if_match: None,
+            },
+            Some((Ok(v), _)) => IngestRecord::Append {
+                twin,
+                token,
+                events,
+                if_match: Some(v),
+            },
+            Some((Err(_), v)) => {
+                let headers = crate::message::headers_of(msg);
+                crate::message::dead_letter(
+                    msg,
+                    &headers,
+                    crate::decode::Refusal {
+                        reason: "bad_if_match",
+                        detail: format!(
+                            "{IF_MATCH_HEADER} must be a twin version (decimal), not {v:?}"
+                        ),
+                    },
+                )
+            }
+        },
+        // Inside, so that the copy still counts in its origin's chain.
+        IngestRecord::Relayed { origin, record } => IngestRecord::Relayed {
+            origin,
+            record: Box::new(expecting(*record, msg)),
+        },
+        other => other,
     }
 }
 

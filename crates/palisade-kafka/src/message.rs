@@ -47,6 +47,7 @@ pub(crate) fn to_record(
             twin: d.twin,
             token: d.token,
             events: d.events,
+            if_match: None,
         },
         Err(refusal) => dead_letter(msg, &headers, refusal),
     }
@@ -72,6 +73,7 @@ pub(crate) fn to_record_as(
             twin: d.twin,
             token: d.token,
             events: d.events,
+            if_match: None,
         },
         Err(refusal) => dead_letter(msg, &headers, refusal),
     }

@@ -174,6 +174,7 @@ pub(crate) fn check_record(
         twin,
         token,
         events,
+        if_match,
     } = record
     else {
         return record;
@@ -190,6 +191,7 @@ pub(crate) fn check_record(
             twin: decoded.twin,
             token: decoded.token,
             events: decoded.events,
+            if_match,
         },
         Err(refusal) => crate::message::dead_letter(msg, &headers, refusal),
     }

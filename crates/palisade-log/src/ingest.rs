@@ -69,6 +69,13 @@ pub enum IngestRecord {
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
+        /// Cluster mode: apply only if the twin's version is this at the
+        /// record's place in the log (an HTTP append's `If-Match`, which
+        /// the node carries in the record's `palisade-if-match` header), so
+        /// every node replaying the log decides alike; refused otherwise
+        /// (`VersionMismatch`, kept as a dead letter). `None`: unconditional
+        /// (every worker record).
+        if_match: Option<u64>,
     },
     /// A record that could not be turned into an append (no key, no token,
     /// undecodable value, too large ...).

@@ -678,6 +678,7 @@ impl Sequencer {
                 twin,
                 token,
                 events,
+                if_match,
             } => {
                 let p = partition_for(&twin, self.partitions());
                 let (part, ops) = self.touch(p.0 as usize);
@@ -685,7 +686,7 @@ impl Sequencer {
                     twin,
                     token,
                     events,
-                    if_match: None,
+                    if_match,
                     effects: Vec::new(),
                 };
                 match part.append(ops, &req, Some(named)) {

@@ -34,6 +34,7 @@ fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
                 .unwrap(),
             hlc: None,
         }],
+        if_match: None,
     }
 }
 
@@ -184,5 +185,73 @@ async fn stale_records_are_dropped_and_bad_ones_dead_lettered_while_the_partitio
         .any(|r| r.source == "kafka" && r.offset == Some(11) && r.reason == "stale_token"));
     assert_eq!(store.metrics().rejections("stale_token"), 1);
     assert_eq!(store.source_offset(&src()).unwrap(), Some(14));
+    store.close().await;
+}
+
+/// Cluster mode's `If-Match` (an HTTP append's expected version, carried in
+/// its record): checked against the twin's version at the record's place
+/// in the source log, so two records expecting the same version are decided
+/// the same way by every store that applies the log: the first applies, the
+/// second is refused as on one node (dead letter `version_mismatch`, events
+/// not stored), and the offset advances past both.
+#[tokio::test]
+async fn a_record_expecting_a_version_applies_only_at_that_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let twin = TwinId::new("w-im").unwrap();
+    let store = Store::open(dir.path(), cfg()).unwrap();
+    let a = store
+        .acquire(AcquireRequest {
+            scope: Scope::Twin(twin.clone()),
+            holder: "A".into(),
+            ttl_ms: 60_000,
+            purpose: Default::default(),
+        })
+        .await
+        .unwrap();
+    let expecting = |id: &str, v: u64| match rec(&twin, a.token, id) {
+        IngestRecord::Append {
+            twin,
+            token,
+            events,
+            ..
+        } => IngestRecord::Append {
+            twin,
+            token,
+            events,
+            if_match: Some(v),
+        },
+        other => other,
+    };
+    let IngestOutcome::Applied(first) = ingest(&store, 0, rec(&twin, a.token, "e0")).await else {
+        panic!("an unconditional record applies")
+    };
+    let v = first.version;
+    let IngestOutcome::Applied(won) = ingest(&store, 1, expecting("win", v)).await else {
+        panic!("the record expecting the current version applies")
+    };
+    assert_eq!(
+        ingest(&store, 2, expecting("lose", v)).await,
+        IngestOutcome::DeadLettered {
+            reason: "version_mismatch".into(),
+            refused: Some(AppendError::VersionMismatch {
+                expected: v,
+                current: won.version
+            })
+        }
+    );
+    assert_eq!(store.source_offset(&src()).unwrap(), Some(2));
+    let ids: Vec<String> = store
+        .twin_events(&twin, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(ids, ["e0", "win"], "the refused record stored nothing");
+    let dead = store.dead_letters(Some(0), None, 10).unwrap();
+    assert!(
+        dead.iter()
+            .any(|d| d.offset == 2 && d.reason == "version_mismatch"),
+        "{dead:?}"
+    );
     store.close().await;
 }

@@ -59,6 +59,7 @@ fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
         twin: twin.clone(),
         token,
         events: vec![ev(id)],
+        if_match: None,
     }
 }
 
@@ -204,6 +205,7 @@ async fn records_are_routed_by_key_whatever_their_source_partition() {
         twin: t.clone(),
         token: tokens[0],
         events: vec![ev("late-1"), ev("late-2")],
+        if_match: None,
     };
     let dead = IngestRecord::Dead(DeadLetter {
         partition: 0,
@@ -223,6 +225,7 @@ async fn records_are_routed_by_key_whatever_their_source_partition() {
             event_type: "reported\u{1b}[2J".into(),
             ..ev("ctrl")
         }],
+        if_match: None,
     };
     let out = batch(
         &store,

@@ -21,9 +21,10 @@ use palisade_cluster::{
 use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
 use palisade_http::auth::Auth;
-use palisade_http::cluster::{ClusterRouting, Route};
+use palisade_http::cluster::{ClusterRouting, Holding, Peer, Route};
 use palisade_kafka::cluster::{
-    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OWNER_TOKEN_HEADER, STALE_OWNER,
+    Admission, Applied, Ownership, CONTROL_HEADER, IF_MATCH_HEADER, NODE_HEADER,
+    OWNER_TOKEN_HEADER, STALE_OWNER,
 };
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
@@ -136,6 +137,9 @@ const OUTCOMES_KEPT: usize = 65_536;
 /// How often a node asks again for an owner lease another node holds (it
 /// releases on its revoke, or its lease expires if it died or is paused).
 const RETAKE_EVERY: Duration = Duration::from_millis(250);
+/// How long a cluster-wide view waits for each owner's own view (a paused
+/// or partitioned owner is then reported `unreachable`).
+const VIEW_WAIT: Duration = Duration::from_secs(2);
 /// How long `admit` tries before the ingester rejoins the group.
 const ADMIT_GIVES_UP: Duration = Duration::from_secs(60);
 
@@ -172,6 +176,9 @@ pub struct Node {
     outcomes: Mutex<Outcomes<Applied>>,
     /// Bumped on every handled record: appends wait on it.
     handled: watch::Sender<u64>,
+    /// Asks other nodes for their own views (cluster-wide views), each
+    /// request bounded by [`VIEW_WAIT`].
+    peers: reqwest::Client,
 }
 
 impl std::fmt::Debug for Node {
@@ -245,6 +252,12 @@ impl Node {
             changed: watch::channel(0).0,
             outcomes: Mutex::new(Outcomes::new(OUTCOMES_KEPT)),
             handled: watch::channel(0).0,
+            peers: reqwest::Client::builder()
+                .timeout(VIEW_WAIT)
+                .connect_timeout(VIEW_WAIT)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap_or_default(),
         })
     }
 
@@ -409,12 +422,6 @@ impl Node {
         mut events: Vec<NewEvent>,
         if_match: Option<u64>,
     ) -> Result<Appended, AppendError> {
-        if if_match.is_some() {
-            return Err(AppendError::BadEvent(
-                "If-Match is not supported in cluster mode (docs/decisions/0012-cluster-mode.md)"
-                    .into(),
-            ));
-        }
         let p = self.store.partition_of(&twin).0;
         let Some(owner) = lock(&self.machine).serving(p, self.clock.now()) else {
             return Err(AppendError::NotServing(format!(
@@ -468,6 +475,11 @@ impl Node {
             );
             headers.push((palisade_kafka::sign::PRINCIPAL_HEADER, p.to_owned()));
             headers.push((palisade_kafka::sign::SIGNATURE_HEADER, signature));
+        }
+        // Checked by whoever applies the record, against the twin's version
+        // at its place in the log (a 412 comes back through the outcome).
+        if let Some(v) = if_match {
+            headers.push((IF_MATCH_HEADER, v.to_string()));
         }
         let started = std::time::Instant::now();
         let offset = self
@@ -577,6 +589,14 @@ impl Ownership for Node {
         })
     }
 
+    fn admitted(&self, partition: u32) -> Option<Admission> {
+        match lock(&self.machine).gate(partition, self.clock.now()) {
+            Gate::NotAssigned => Some(Admission::NotAssigned),
+            Gate::Owned(t) => Some(Admission::Owned(t)),
+            Gate::Wait => None,
+        }
+    }
+
     fn handled(
         &self,
         partition: u32,
@@ -615,14 +635,7 @@ impl ClusterRouting for Node {
                     }
                 };
             }
-            let owner = self
-                .owners
-                .owner(partition)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|v| serde_json::from_slice::<OwnerValue>(&v).ok());
-            match owner {
+            match self.owner_of(partition).await.ok().flatten() {
                 Some(o) if o.node != self.id => Route::Elsewhere {
                     node: o.node,
                     url: o.url,
@@ -631,6 +644,81 @@ impl ClusterRouting for Node {
                     reason: "no node owns it yet (a rebalance or takeover is in progress)".into(),
                 },
             }
+        })
+    }
+
+    fn node(&self) -> String {
+        self.id.clone()
+    }
+
+    fn holding(&self, partition: u32) -> Holding {
+        let m = lock(&self.machine);
+        let now = self.clock.now();
+        Holding {
+            owner_token: m.live(partition, now).map(|o| o.token.0),
+            serving: m.serving(partition, now).is_some(),
+        }
+    }
+
+    fn owners(&self, partitions: u32) -> BoxFuture<'_, Result<Vec<Option<Peer>>, String>> {
+        Box::pin(async move {
+            let mut each = tokio::task::JoinSet::new();
+            for p in 0..partitions {
+                let Some(me) = self.me() else {
+                    return Err("the node is shutting down".into());
+                };
+                each.spawn(async move { (p, me.owner_of(p).await) });
+            }
+            let mut owners = vec![None; partitions as usize];
+            while let Some(r) = each.join_next().await {
+                let (p, owner) = r.map_err(|e| e.to_string())?;
+                owners[p as usize] = owner?;
+            }
+            Ok(owners)
+        })
+    }
+
+    fn ask(&self, peer: Peer, path_and_query: String) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        Box::pin(async move {
+            let url = format!("{}{path_and_query}", peer.url.trim_end_matches('/'));
+            let r = self
+                .peers
+                .get(&url)
+                .send()
+                .await
+                .map_err(|e| format!("node {} at {url}: {e}", peer.node))?;
+            let status = r.status();
+            let body = r
+                .bytes()
+                .await
+                .map_err(|e| format!("node {} at {url}: {e}", peer.node))?;
+            if !status.is_success() {
+                return Err(format!(
+                    "node {} at {url} answered {status}: {}",
+                    peer.node,
+                    String::from_utf8_lossy(&body)
+                ));
+            }
+            Ok(body.to_vec())
+        })
+    }
+}
+
+impl Node {
+    fn owner_of(&self, partition: u32) -> BoxFuture<'_, Result<Option<Peer>, String>> {
+        Box::pin(async move {
+            let v = self
+                .owners
+                .owner(partition)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(
+                v.and_then(|v| serde_json::from_slice::<OwnerValue>(&v).ok())
+                    .map(|o| Peer {
+                        node: o.node,
+                        url: o.url,
+                    }),
+            )
         })
     }
 }

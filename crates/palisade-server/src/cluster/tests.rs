@@ -273,6 +273,40 @@ async fn an_assignment_is_taken_marked_and_served_and_a_revoke_gives_the_lease_b
     eventually("the owner lease revoked in etcd", || !h.owners.held(0)).await;
 }
 
+/// The consume loop's non-blocking question (decision 0034) and the views'
+/// `holding` (decision 0033) follow the machine: not assigned, waiting
+/// (`None`: the loop pauses the partition), owned, served, revoked.
+#[tokio::test(start_paused = true)]
+async fn admitted_and_holding_answer_at_once_what_the_machine_says() {
+    let h = harness(Renew::Ok);
+    let not_held = Holding {
+        owner_token: None,
+        serving: false,
+    };
+    assert_eq!(h.node.admitted(0), Some(Admission::NotAssigned));
+    h.node.assigned(&[0]);
+    // The lease is being taken (nothing ran yet): admit would wait.
+    assert_eq!(h.node.admitted(0), None);
+    assert_eq!(h.node.holding(0), not_held);
+    let Admission::Owned(token) = h.node.admit(0).await else {
+        panic!("not admitted")
+    };
+    assert_eq!(h.node.admitted(0), Some(Admission::Owned(token)));
+    assert_eq!(
+        h.node.holding(0),
+        Holding {
+            owner_token: Some(token.0),
+            serving: false
+        }
+    );
+    h.node
+        .handled(0, 0, Applied::Control, Some((token, "n1".into())));
+    assert!(h.node.holding(0).serving);
+    h.node.revoked(&[0]);
+    assert_eq!(h.node.admitted(0), Some(Admission::NotAssigned));
+    assert_eq!(h.node.holding(0), not_held);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failed_keep_alive_stops_serving_and_gives_the_lease_up() {
     let h = harness(Renew::Fail);
