@@ -10,7 +10,9 @@
 //!
 //! `PALISADE_SCALING_WRITERS` (default 24) lists the numbers of concurrent
 //! writers (HTTP connections), `PALISADE_SCALING_NODES` (default 1,2,3) the
-//! cluster sizes. For each cluster run the table also gives where an
+//! cluster sizes, `PALISADE_SCALING_NODE_ARGS` more `palisade serve`
+//! arguments for the cluster nodes (space-separated, e.g.
+//! `--kafka-setting linger.ms=0`). For each cluster run the table also gives where an
 //! append's time went, from the nodes' `/metrics`
 //! (`palisade_cluster_append_stage_microseconds_total`): until the broker
 //! acknowledged the record, then until it was applied.
@@ -218,6 +220,8 @@ async fn scaling_one_two_three_nodes_beside_a_single_node() {
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let writer_counts = list("PALISADE_SCALING_WRITERS", &[WRITERS]);
     let node_counts = list("PALISADE_SCALING_NODES", &[1, 2, 3]);
+    let node_args = std::env::var("PALISADE_SCALING_NODE_ARGS").unwrap_or_default();
+    let node_args: Vec<&str> = node_args.split_whitespace().collect();
     let mut rows: Vec<Row> = Vec::new();
     for rep in 0..REPEAT {
         for &writers in &writer_counts {
@@ -241,7 +245,7 @@ async fn scaling_one_two_three_nodes_beside_a_single_node() {
                     partitions: PARTS,
                 });
                 let mut nodes: Vec<_> = (0..n)
-                    .map(|i| cluster.start(&format!("{topic}-n{i}"), dir.path()))
+                    .map(|i| cluster.start_with(&format!("{topic}-n{i}"), dir.path(), &node_args))
                     .collect();
                 let bases: Vec<String> = nodes.iter().map(|x| x.base.clone()).collect();
                 let (rate, p50) = load(&bases, &topic, writers).await;
@@ -261,7 +265,7 @@ async fn scaling_one_two_three_nodes_beside_a_single_node() {
     }
     let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "\nSCALING partitions={PARTS} writers={writer_counts:?} appends/writer={APPENDS} repeat={REPEAT} broker={:?} loadavg_before={} loadavg_after={}",
+        "\nSCALING partitions={PARTS} writers={writer_counts:?} appends/writer={APPENDS} repeat={REPEAT} broker={:?} node_args={node_args:?} loadavg_before={} loadavg_after={}",
         broker().kind,
         load_before.trim(),
         load_avg.trim()
