@@ -1,9 +1,12 @@
 //! Authentication in cluster mode (issue 16): three real `palisade serve
-//! --cluster-node --security FILE` processes with the same principals, a
-//! real broker and a real etcd. Token and lease owners are recorded in etcd
+//! --cluster-node --security FILE --tls-cert --tls-key` processes with the
+//! same principals and certificate, a real broker and a real etcd. Token and lease owners are recorded in etcd
 //! with the grant, and each append travels through Kafka signed as its
 //! principal, so:
 //!
+//! - the cluster-wide view of partitions through one node asks the others
+//!   over HTTPS with the caller's key: every partition served, none
+//!   unreachable;
 //! - a token granted through node 0 writes through every node, with its
 //!   principal's key (the client follows the `307` to the owner itself,
 //!   keeping its key: reqwest drops `Authorization` on a cross-port
@@ -57,12 +60,23 @@ fn security_file(dir: &std::path::Path) -> (std::path::PathBuf, Keys) {
     )
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+/// The nodes' certificate (PEM): every node serves HTTPS with it.
+static ROOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Redirects not followed (by hand, keeping the key); the nodes'
+/// certificate trusted.
+fn client_builder() -> reqwest::ClientBuilder {
+    let mut b = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
+        .redirect(reqwest::redirect::Policy::none());
+    if let Some(pem) = ROOT.get() {
+        b = b.add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).unwrap());
+    }
+    b
+}
+
+fn client() -> reqwest::Client {
+    client_builder().build().unwrap()
 }
 
 /// One request through `base`, following up to three `307`s by hand with
@@ -229,10 +243,50 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (security, keys) = security_file(dir.path());
-    let sec = ["--security", security.to_str().unwrap()];
+    let cert = crate::support::mint_cert(dir.path());
+    ROOT.set(cert.cert_pem.clone()).unwrap();
+    let sec = [
+        "--security",
+        security.to_str().unwrap(),
+        "--tls-cert",
+        cert.cert.to_str().unwrap(),
+        "--tls-key",
+        cert.key.to_str().unwrap(),
+    ];
     let mut nodes: Vec<Node> = (0..3)
         .map(|i| cluster.start_with(&format!("n{i}"), dir.path(), &sec))
         .collect();
+    assert!(nodes.iter().all(|n| n.base.starts_with("https://")));
+
+    // The cluster-wide view, through any node, asks the others with the
+    // caller's key over HTTPS: every partition served, none unreachable.
+    let started = Instant::now();
+    loop {
+        let (status, body) = call(
+            "GET",
+            &nodes[0].base,
+            "/v1/partitions",
+            Some(&keys["ops"]),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let states: Vec<&str> = body["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["cluster"]["status"].as_str().unwrap_or("?"))
+            .collect();
+        if states.iter().all(|s| *s == "serving") {
+            break;
+        }
+        assert!(
+            started.elapsed() < STEP && !states.contains(&"unreachable"),
+            "partitions through n0: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 
     // worker-a's lease on part-1, granted through node 0.
     let la = lease(&nodes[0].base, &keys["worker-a"], "twin/part-1").await;
@@ -286,7 +340,7 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
 
     // The SDK follows the redirect itself, keeping its key (reqwest's own
     // redirects would drop it: 401 at the owner).
-    let sdk = palisade_client::Client::new(&nodes[2].base)
+    let sdk = palisade_client::Client::with_http_client(&nodes[2].base, client())
         .unwrap()
         .with_api_key(&keys["worker-a"])
         .unwrap();
@@ -304,7 +358,7 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         done.is_ok(),
         "the SDK through n2 with worker-a's key: {done:?}"
     );
-    let nokey = palisade_client::Client::new(&nodes[2].base).unwrap();
+    let nokey = palisade_client::Client::with_http_client(&nodes[2].base, client()).unwrap();
     let refused = nokey
         .append(
             "part-1",

@@ -57,9 +57,15 @@ pub trait ClusterRouting: Send + Sync + Debug {
     /// Every partition's owner as etcd names it, by partition (`None`: no
     /// node holds its owner lease); `Err` if etcd cannot be read.
     fn owners(&self, partitions: u32) -> BoxFuture<'_, Result<Vec<Option<Peer>>, String>>;
-    /// `GET path_and_query` on `peer`, bounded in time: its `200` body, or
-    /// why not (no answer in time, another status, not JSON).
-    fn ask(&self, peer: Peer, path_and_query: String) -> BoxFuture<'_, Result<Vec<u8>, String>>;
+    /// `GET path_and_query` on `peer` with the caller's `authorization`
+    /// (the peer checks the caller itself), bounded in time: its `200`
+    /// body, or why not (no answer in time, another status, not JSON).
+    fn ask(
+        &self,
+        peer: Peer,
+        path_and_query: String,
+        authorization: Option<axum::http::HeaderValue>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>>;
 }
 
 #[derive(Clone)]

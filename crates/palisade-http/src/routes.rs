@@ -878,6 +878,7 @@ pub(crate) struct PartitionsQuery {
 pub(crate) async fn partitions(
     State(s): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     q: Result<Query<PartitionsQuery>, QueryRejection>,
 ) -> Result<Json<PartitionsResponse>, ApiError> {
     caller
@@ -902,7 +903,13 @@ pub(crate) async fn partitions(
     };
     Ok(Json(match cluster {
         Some(c) if q.scope != Some(ViewScope::Local) => {
-            crate::views::partitions(c, s.store.partitions(), local).await?
+            crate::views::partitions(
+                c,
+                s.store.partitions(),
+                local,
+                headers.get(header::AUTHORIZATION),
+            )
+            .await?
         }
         _ => local,
     }))
@@ -1216,6 +1223,7 @@ pub(crate) struct DeadLetterQuery {
 pub(crate) async fn dead_letters(
     State(s): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     q: Result<Query<DeadLetterQuery>, QueryRejection>,
 ) -> Result<Json<DeadLettersResponse>, ApiError> {
     caller
@@ -1228,7 +1236,15 @@ pub(crate) async fn dead_letters(
     if let Some(c) = s.config.cluster.as_deref() {
         if q.scope != Some(ViewScope::Local) {
             return Ok(Json(
-                crate::views::dead_letters(c, &s.store, q.partition, q.after, limit).await?,
+                crate::views::dead_letters(
+                    c,
+                    &s.store,
+                    q.partition,
+                    q.after,
+                    limit,
+                    headers.get(header::AUTHORIZATION),
+                )
+                .await?,
             ));
         }
     }

@@ -7,6 +7,7 @@
 //! out. A view, not a snapshot: each owner answers at its own moment, and
 //! ownership may move while the answers are gathered.
 
+use axum::http::HeaderValue;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -83,6 +84,7 @@ pub(crate) async fn partitions(
     c: &dyn ClusterRouting,
     n: u32,
     local: PartitionsResponse,
+    authorization: Option<&HeaderValue>,
 ) -> Result<PartitionsResponse, ApiError> {
     let owners = c.owners(n).await.map_err(|e| owners_unavailable(&e))?;
     let me = c.node();
@@ -97,7 +99,11 @@ pub(crate) async fn partitions(
         join_all(peers.into_values().map(|peer| async move {
             let node = peer.node.clone();
             let r = c
-                .ask(peer, "/v1/partitions?scope=local".into())
+                .ask(
+                    peer,
+                    "/v1/partitions?scope=local".into(),
+                    authorization.cloned(),
+                )
                 .await
                 .and_then(|b| {
                     serde_json::from_slice::<PartitionsResponse>(&b)
@@ -145,6 +151,7 @@ pub(crate) async fn dead_letters(
     partition: Option<u32>,
     after: Option<u64>,
     limit: usize,
+    authorization: Option<&HeaderValue>,
 ) -> Result<DeadLettersResponse, ApiError> {
     let n = store.partitions();
     let wanted: Vec<u32> = match partition {
@@ -191,6 +198,7 @@ pub(crate) async fn dead_letters(
                         format!(
                             "/v1/dead-letters?scope=local&partition={p}&limit={limit}{after_q}"
                         ),
+                        authorization.cloned(),
                     )
                     .await
                     .and_then(|b| {

@@ -29,6 +29,7 @@ use palisade_kafka::cluster::{
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
 use palisade_log::{AppendError, AppendRoute, Appended, IngestOutcome, LeaseBackend, Store};
+use reqwest::header::HeaderValue;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
@@ -178,7 +179,7 @@ pub struct Node {
     handled: watch::Sender<u64>,
     /// Asks other nodes for their own views (cluster-wide views), each
     /// request bounded by [`VIEW_WAIT`].
-    peers: reqwest::Client,
+    peers: OnceLock<reqwest::Client>,
 }
 
 impl std::fmt::Debug for Node {
@@ -229,6 +230,7 @@ impl Node {
         if let Some(u) = &config.cluster_advertise {
             let _ = node.url.set(u.clone());
         }
+        let _ = node.peers.set(peers_client(config)?);
         store.route_appends(node.clone())?;
         info!(node = %node.id, "cluster mode");
         Ok(node)
@@ -252,12 +254,7 @@ impl Node {
             changed: watch::channel(0).0,
             outcomes: Mutex::new(Outcomes::new(OUTCOMES_KEPT)),
             handled: watch::channel(0).0,
-            peers: reqwest::Client::builder()
-                .timeout(VIEW_WAIT)
-                .connect_timeout(VIEW_WAIT)
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .unwrap_or_default(),
+            peers: OnceLock::new(),
         })
     }
 
@@ -678,12 +675,21 @@ impl ClusterRouting for Node {
         })
     }
 
-    fn ask(&self, peer: Peer, path_and_query: String) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+    fn ask(
+        &self,
+        peer: Peer,
+        path_and_query: String,
+        authorization: Option<HeaderValue>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
         Box::pin(async move {
             let url = format!("{}{path_and_query}", peer.url.trim_end_matches('/'));
-            let r = self
-                .peers
-                .get(&url)
+            let mut req = self.peers().get(&url);
+            // The caller's key: the other node checks the caller itself,
+            // with the same principals.
+            if let Some(a) = authorization {
+                req = req.header(reqwest::header::AUTHORIZATION, a);
+            }
+            let r = req
                 .send()
                 .await
                 .map_err(|e| format!("node {} at {url}: {e}", peer.node))?;
@@ -704,7 +710,38 @@ impl ClusterRouting for Node {
     }
 }
 
+/// The client a node asks other nodes with (the cluster-wide views):
+/// bounded by the view wait, no redirects, and for HTTPS nodes the roots of
+/// `--cluster-ca-file`, else of this node's `--tls-cert`.
+fn peers_client(config: &ServeConfig) -> anyhow::Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder()
+        .timeout(VIEW_WAIT)
+        .connect_timeout(VIEW_WAIT)
+        .redirect(reqwest::redirect::Policy::none());
+    let (flag, roots) = match (&config.cluster_ca_file, &config.tls_cert) {
+        (Some(f), _) => ("--cluster-ca-file", Some(f)),
+        (None, Some(c)) => ("--tls-cert", Some(c)),
+        (None, None) => ("", None),
+    };
+    if let Some(path) = roots {
+        let pem = std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("{flag} {}", path.display()))?;
+        if certs.is_empty() {
+            anyhow::bail!("{flag} {}: no PEM certificate in it", path.display());
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().context("the client for other nodes")
+}
+
 impl Node {
+    fn peers(&self) -> &reqwest::Client {
+        self.peers.get_or_init(reqwest::Client::new)
+    }
+
     fn owner_of(&self, partition: u32) -> BoxFuture<'_, Result<Option<Peer>, String>> {
         Box::pin(async move {
             let v = self

@@ -167,6 +167,12 @@ pub struct ServeConfig {
     /// (default: http:// + the listen address).
     #[arg(long, env = "PALISADE_CLUSTER_ADVERTISE", value_parser = bounds::url)]
     pub cluster_advertise: Option<String>,
+    /// Cluster mode: PEM root certificate(s) trusted when this node asks
+    /// other nodes over HTTPS for the cluster-wide views (default: this
+    /// node's --tls-cert, enough when every node serves the same
+    /// certificate or one signed by the roots in it).
+    #[arg(long, env = "PALISADE_CLUSTER_CA_FILE", value_name = "FILE")]
+    pub cluster_ca_file: Option<PathBuf>,
 }
 
 /// Where leases and fencing tokens come from.
