@@ -43,6 +43,15 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) fn start(&self, id: &str, dir: &Path) -> Node {
+        self.start_with(id, dir, &[])
+    }
+
+    pub(crate) fn launch(&self, n: &mut Node) {
+        self.launch_with(n, &[]);
+    }
+
+    /// [`Cluster::start`] with extra `palisade serve` arguments.
+    pub(crate) fn start_with(&self, id: &str, dir: &Path, extra: &[&str]) -> Node {
         let mut n = Node {
             id: id.to_owned(),
             data: dir.join(id),
@@ -50,11 +59,12 @@ impl Cluster {
             child: None,
             base: String::new(),
         };
-        self.launch(&mut n);
+        self.launch_with(&mut n, extra);
         n
     }
 
-    pub(crate) fn launch(&self, n: &mut Node) {
+    /// [`Cluster::launch`] with extra `palisade serve` arguments.
+    pub(crate) fn launch_with(&self, n: &mut Node, extra: &[&str]) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -77,6 +87,7 @@ impl Cluster {
             .args(["--kafka-setting", "fetch.wait.max.ms=5"])
             .args(["--lease-backend", "etcd", "--etcd-endpoints", &self.etcd])
             .args(["--etcd-prefix", &self.prefix, "--cluster-node", &n.id])
+            .args(extra)
             .env(
                 "RUST_LOG",
                 "warn,palisade_server::cluster=info,palisade_kafka::cluster=info",

@@ -36,3 +36,10 @@ mod lease_suite;
 
 #[path = "06_lease_suite.rs"]
 mod backend_suite;
+
+#[allow(dead_code)]
+#[path = "../outbox/receiver.rs"]
+mod receiver;
+
+#[path = "07_outbox.rs"]
+mod outbox;

@@ -174,6 +174,7 @@ pub(crate) fn check_record(
         twin,
         token,
         events,
+        effects,
     } = record
     else {
         return record;
@@ -184,12 +185,14 @@ pub(crate) fn check_record(
         twin,
         token,
         events,
+        effects,
     };
     match auth.check(&raw, &decoded) {
         Ok(()) => IngestRecord::Append {
             twin: decoded.twin,
             token: decoded.token,
             events: decoded.events,
+            effects: decoded.effects,
         },
         Err(refusal) => crate::message::dead_letter(msg, &headers, refusal),
     }

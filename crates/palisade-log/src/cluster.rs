@@ -36,13 +36,17 @@ pub enum BackendError {
 }
 
 /// Cluster mode: where [`Store::append`] sends appends instead of the
-/// partition writer (produce to Kafka, answer once applied).
+/// partition writer (produce to Kafka, answer once applied). `effects` as
+/// [`Store::append_with_effects`] takes them (empty, or one list per
+/// event): they travel in the record, and the applying node records them
+/// in the outbox in the event's fenced round.
 pub trait AppendRoute: Send + Sync + std::fmt::Debug {
     fn append(
         &self,
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
         if_match: Option<u64>,
     ) -> BoxFuture<'_, Result<Appended, AppendError>>;
 }

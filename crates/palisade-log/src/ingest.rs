@@ -69,6 +69,10 @@ pub enum IngestRecord {
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
+        /// Each event's effects (the fenced outbox), aligned with
+        /// `events`; empty for none. Only the records cluster nodes
+        /// produce for HTTP appends carry any (`docs/outbox.md`).
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
     },
     /// A record that could not be turned into an append (no key, no token,
     /// undecodable value, too large ...).

@@ -431,7 +431,8 @@ impl Store {
     /// `events[i]`; an empty `effects` for none): recorded in the outbox in
     /// the same fenced commit as the events, only if the append is
     /// admitted, and only for events that are not duplicates
-    /// (`outbox.rs`). Cluster mode does not take effects yet (`bad_event`).
+    /// (`outbox.rs`). In cluster mode they travel with the events in the
+    /// partition's Kafka record ([`crate::AppendRoute`]).
     #[instrument(skip_all, fields(twin = %twin, token = token.0, partition))]
     pub async fn append_with_effects(
         &self,
@@ -449,12 +450,7 @@ impl Store {
             )));
         }
         if let Some(route) = self.append_route.get() {
-            if effects.iter().any(|e| !e.is_empty()) {
-                return Err(AppendError::BadEvent(
-                    "effects are not supported in cluster mode yet (docs/outbox.md)".into(),
-                ));
-            }
-            return route.append(twin, token, events, if_match).await;
+            return route.append(twin, token, events, effects, if_match).await;
         }
         let p = self.partition_of(&twin);
         tracing::Span::current().record("partition", p.0);
@@ -834,6 +830,52 @@ impl Store {
         })
         .map_err(|_| closed())?;
         rx.await.map_err(|_| closed())?
+    }
+
+    /// One outbox entry, as durable now.
+    pub fn outbox_get(
+        &self,
+        p: PartitionId,
+        seq: u64,
+        index: u16,
+    ) -> Result<Option<crate::outbox::OutboxEntry>, crate::ReadError> {
+        let k = crate::outbox::key(p.0, seq, index);
+        match self.trees.outbox.get(k)? {
+            Some(v) => decode_outbox((k.to_vec().into(), v)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Cluster mode: apply a delivery outcome read from the partition's
+    /// log (`palisade-control: outbox`) to the entry it names, through the
+    /// commit path, and wait until it is durable. Merged by
+    /// [`crate::OutboxOutcome::merge_into`] (states only move forward), so
+    /// applying the log's outcomes in order gives every node the same
+    /// outbox. `Ok(false)`: nothing changed (an older outcome, or no such
+    /// entry). The cluster consumer is the only writer of outbox states in
+    /// cluster mode, one record at a time, so this read-merge-write does
+    /// not race another.
+    pub async fn outbox_settle(
+        &self,
+        outcome: &crate::outbox::OutboxOutcome,
+    ) -> Result<bool, StorageFailure> {
+        let entry = self
+            .outbox_get(PartitionId(outcome.partition), outcome.seq, outcome.index)
+            .map_err(|e| {
+                StorageFailure::new(
+                    "outbox read",
+                    std::io::ErrorKind::InvalidData,
+                    e.to_string(),
+                )
+            })?;
+        let Some(mut entry) = entry else {
+            return Ok(false);
+        };
+        if !outcome.merge_into(&mut entry) {
+            return Ok(false);
+        }
+        self.outbox_update(&entry).await?;
+        Ok(true)
     }
 
     /// Stop the sequencer after it decides what is queued, let the committer

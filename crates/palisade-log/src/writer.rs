@@ -678,6 +678,7 @@ impl Sequencer {
                 twin,
                 token,
                 events,
+                effects,
             } => {
                 let p = partition_for(&twin, self.partitions());
                 let (part, ops) = self.touch(p.0 as usize);
@@ -686,7 +687,7 @@ impl Sequencer {
                     token,
                     events,
                     if_match: None,
-                    effects: Vec::new(),
+                    effects,
                 };
                 match part.append(ops, &req, Some(named)) {
                     Ok(a) => IngestOutcome::Applied(a),

@@ -34,6 +34,7 @@ fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
                 .unwrap(),
             hlc: None,
         }],
+        effects: Vec::new(),
     }
 }
 

@@ -233,6 +233,7 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
         twin: twin.clone(),
         token,
         events: vec![ev(id, 0)],
+        effects: Vec::new(),
     };
     let outcomes = store
         .enqueue_ingest_batch(

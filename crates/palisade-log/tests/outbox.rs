@@ -193,27 +193,28 @@ async fn a_backup_keeps_the_outbox_and_its_delivery_states() {
     store.close().await;
 }
 
-/// Cluster mode routes appends through the partition's Kafka log, which
-/// carries no effects yet: an append with effects is refused
-/// (`bad_event`) before it is routed, so nothing is written anywhere and
-/// the effects are not silently dropped; one without effects is routed.
+/// Cluster mode routes appends through the partition's Kafka log: the
+/// effects go to the route with their events (the node carries them in the
+/// record, and the applying node records them), and nothing is recorded
+/// locally before the record is applied.
 #[tokio::test]
-async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
+async fn cluster_routed_appends_hand_their_effects_to_the_route() {
     use palisade_core::{BoxFuture, FencingToken};
     use palisade_log::{AppendError, AppendRoute, Appended};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     #[derive(Debug, Default)]
-    struct Route(AtomicUsize);
+    struct Route(Mutex<Vec<Vec<Vec<Effect>>>>);
     impl AppendRoute for Route {
         fn append(
             &self,
             _twin: TwinId,
             _token: FencingToken,
             _events: Vec<NewEvent>,
+            effects: Vec<Vec<Effect>>,
             _if_match: Option<u64>,
         ) -> BoxFuture<'_, Result<Appended, AppendError>> {
-            self.0.fetch_add(1, Ordering::SeqCst);
+            self.0.lock().unwrap().push(effects);
             Box::pin(async { Err(AppendError::Closed) })
         }
     }
@@ -239,21 +240,23 @@ async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
             twin.clone(),
             FencingToken(1),
             vec![ev()],
-            vec![vec![effect]],
+            vec![vec![effect.clone()]],
             None,
         )
         .await;
-    match r {
-        Err(AppendError::BadEvent(m)) => assert!(m.contains("cluster mode"), "{m}"),
-        other => panic!("expected bad_event, got {other:?}"),
-    }
-    assert_eq!(route.0.load(Ordering::SeqCst), 0);
-    // Without effects (or with empty lists) the append is routed.
-    let r = store
-        .append_with_effects(twin, FencingToken(1), vec![ev()], vec![vec![]], None)
-        .await;
     assert!(matches!(r, Err(AppendError::Closed)), "{r:?}");
-    assert_eq!(route.0.load(Ordering::SeqCst), 1);
+    // A mismatched effects list is refused before it is routed.
+    let r = store
+        .append_with_effects(
+            twin,
+            FencingToken(1),
+            vec![ev()],
+            vec![vec![], vec![]],
+            None,
+        )
+        .await;
+    assert!(matches!(r, Err(AppendError::BadEvent(_))), "{r:?}");
+    assert_eq!(*route.0.lock().unwrap(), vec![vec![vec![effect]]]);
     assert!(store.outbox_list(None, 10).unwrap().is_empty());
     store.close().await;
 }

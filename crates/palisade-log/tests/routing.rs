@@ -59,6 +59,7 @@ fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
         twin: twin.clone(),
         token,
         events: vec![ev(id)],
+        effects: Vec::new(),
     }
 }
 
@@ -204,6 +205,7 @@ async fn records_are_routed_by_key_whatever_their_source_partition() {
         twin: t.clone(),
         token: tokens[0],
         events: vec![ev("late-1"), ev("late-2")],
+        effects: Vec::new(),
     };
     let dead = IngestRecord::Dead(DeadLetter {
         partition: 0,
@@ -223,6 +225,7 @@ async fn records_are_routed_by_key_whatever_their_source_partition() {
             event_type: "reported\u{1b}[2J".into(),
             ..ev("ctrl")
         }],
+        effects: Vec::new(),
     };
     let out = batch(
         &store,

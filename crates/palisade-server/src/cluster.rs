@@ -22,11 +22,15 @@ use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
 use palisade_http::cluster::{ClusterRouting, Route};
 use palisade_kafka::cluster::{
-    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OWNER_TOKEN_HEADER, STALE_OWNER,
+    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OUTBOX_CONTROL, OWNER_TOKEN_HEADER,
+    STALE_OWNER,
 };
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
-use palisade_log::{AppendError, AppendRoute, Appended, IngestOutcome, LeaseBackend, Store};
+use palisade_log::{
+    AppendError, AppendRoute, Appended, IngestOutcome, LeaseBackend, OutboxEntry, OutboxOutcome,
+    Store,
+};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
@@ -396,6 +400,7 @@ impl Node {
         twin: TwinId,
         token: FencingToken,
         mut events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
         if_match: Option<u64>,
     ) -> Result<Appended, AppendError> {
         if if_match.is_some() {
@@ -415,17 +420,26 @@ impl Node {
         // before its fence, and only it knows the scope; a stale append costs
         // one record in the log and gets the same 409 as on one node.
         // Fix every HLC now, so that every node replaying the record
-        // computes the same state.
+        // computes the same state. Effects travel with their event: the
+        // applying node records them in the event's fenced round.
         let body: Vec<serde_json::Value> = events
             .iter_mut()
-            .map(|e| {
+            .enumerate()
+            .map(|(i, e)| {
                 let h = *e.hlc.get_or_insert_with(|| self.store.clock().now());
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "type": e.event_type,
                     "patch": e.patch,
                     "event_id": e.event_id,
                     "hlc": h.to_string(),
-                })
+                });
+                if let Some(list) = effects.get(i).filter(|l| !l.is_empty()) {
+                    v["effects"] = list
+                        .iter()
+                        .map(palisade_core::effect::Effect::to_json)
+                        .collect();
+                }
+                v
             })
             .collect();
         let value = serde_json::to_vec(&body).map_err(|e| AppendError::BadEvent(e.to_string()))?;
@@ -467,6 +481,51 @@ impl Node {
                 "the outcome of offset {offset} of partition {p} is unknown (ownership moved); retry with the same event ids"
             ))),
         }
+    }
+}
+
+/// The outbox dispatcher's side of ownership (`outbox.rs`): only the node
+/// serving a partition delivers its effects, and each try's outcome is a
+/// `palisade-control: outbox` record of the partition, applied by every
+/// node (`docs/decisions/0031-outbox-in-cluster-mode.md`).
+impl crate::outbox::Dispatch for Node {
+    fn may_dispatch(&self, partition: u32) -> bool {
+        lock(&self.machine)
+            .serving(partition, self.clock.now())
+            .is_some()
+    }
+
+    fn ownership_changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changed.subscribe())
+    }
+
+    fn record<'a>(&'a self, entry: &'a OutboxEntry) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let p = entry.partition;
+            let Some(owner) = lock(&self.machine).serving(p, self.clock.now()) else {
+                return Err(format!("node {} no longer serves partition {p}", self.id));
+            };
+            let headers = vec![
+                (CONTROL_HEADER, OUTBOX_CONTROL.to_owned()),
+                (OWNER_TOKEN_HEADER, owner.token.0.to_string()),
+                (NODE_HEADER, self.id.clone()),
+            ];
+            let value = OutboxOutcome::of(entry).to_json();
+            let offset = self
+                .log
+                .produce(p, None, value, headers)
+                .await
+                .map_err(|e| format!("outcome record not produced: {e}"))?;
+            // Applied by this node's own consumer (in log order, after the
+            // entry's event) before the dispatcher moves on.
+            match self.outcome(p, offset).await {
+                Some(Applied::Control) => Ok(()),
+                Some(other) => Err(format!("the outcome record was handled as {other:?}")),
+                None => Err(format!(
+                    "partition {p} moved before the outcome record at offset {offset} was applied here"
+                )),
+            }
+        })
     }
 }
 
@@ -585,8 +644,9 @@ impl AppendRoute for Node {
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
         if_match: Option<u64>,
     ) -> BoxFuture<'_, Result<Appended, AppendError>> {
-        Box::pin(self.append_via_kafka(twin, token, events, if_match))
+        Box::pin(self.append_via_kafka(twin, token, events, effects, if_match))
     }
 }

@@ -16,16 +16,52 @@
 //! `backoff` up to `backoff_max`; after `max_attempts` failed tries the
 //! effect is `dead`, with its last error, and the partition moves on.
 //!
-//! Single-node only: in cluster mode `palisade serve` does not start it
-//! (see `serve.rs`), since only a partition's owner may dispatch.
+//! Cluster mode (`docs/decisions/0031-outbox-in-cluster-mode.md`): a
+//! partition's task works only while its node serves the partition
+//! ([`Dispatch::may_dispatch`]), checks again before each try, abandons a
+//! try in flight the moment ownership goes, and records each outcome as a
+//! `palisade-control: outbox` record of the partition's Kafka log (applied
+//! by every node, so a new owner does not repeat what was confirmed).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_core::PartitionId;
+use palisade_core::{BoxFuture, PartitionId};
 use palisade_log::{DeliveryState, OutboxEntry, Store};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
+
+/// Who may deliver a partition's effects, and how a try's outcome is made
+/// durable: the store itself on one node ([`Local`]), the partition's log
+/// in cluster mode (`cluster::Node`).
+pub trait Dispatch: Send + Sync + 'static {
+    /// Whether this node may deliver partition `p`'s effects now.
+    fn may_dispatch(&self, partition: u32) -> bool;
+    /// Bumped whenever ownership may have changed (`None`: never changes).
+    fn ownership_changes(&self) -> Option<watch::Receiver<u64>>;
+    /// Make `entry`'s new state durable; an error if it could not be (the
+    /// dispatcher then stops working on the partition for a while).
+    fn record<'a>(&'a self, entry: &'a OutboxEntry) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// One node: it dispatches every partition, and records outcomes through
+/// the store's commit path.
+#[derive(Debug)]
+pub struct Local(pub Arc<Store>);
+
+impl Dispatch for Local {
+    fn may_dispatch(&self, _partition: u32) -> bool {
+        true
+    }
+
+    fn ownership_changes(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+
+    fn record<'a>(&'a self, entry: &'a OutboxEntry) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { self.0.outbox_update(entry).await.map_err(|f| f.to_string()) })
+    }
+}
 
 /// Dispatcher settings (`palisade serve --outbox-*`).
 #[derive(Debug, Clone)]
@@ -41,6 +77,9 @@ const BATCH: usize = 64;
 /// A partition with nothing to do looks again after this (or when its
 /// durable head moves, whichever comes first).
 const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Cluster mode: how often ownership is looked at again without a change
+/// event (an owner lease runs out by the clock, without one).
+const OWNERSHIP_POLL: Duration = Duration::from_millis(200);
 /// Longest error text kept with an entry.
 const MAX_ERROR: usize = 512;
 
@@ -49,6 +88,7 @@ const MAX_ERROR: usize = 512;
 /// next start delivers it again, with the same key).
 pub fn start(
     store: &Arc<Store>,
+    gate: Arc<dyn Dispatch>,
     config: DispatchConfig,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
@@ -67,6 +107,7 @@ pub fn start(
         .map(|p| {
             let d = Dispatcher {
                 store: store.clone(),
+                gate: gate.clone(),
                 client: client.clone(),
                 config: config.clone(),
                 partition: PartitionId(p),
@@ -84,6 +125,7 @@ pub fn start(
 
 struct Dispatcher {
     store: Arc<Store>,
+    gate: Arc<dyn Dispatch>,
     client: reqwest::Client,
     config: Arc<DispatchConfig>,
     partition: PartitionId,
@@ -94,24 +136,64 @@ impl Dispatcher {
         let Some(mut head) = self.store.watch_head(self.partition) else {
             return;
         };
-        // Everything at or before the cursor is delivered or dead: entries
-        // are only ever added at higher seqs (a new event's), so each scan
-        // starts after it instead of at the partition's first entry.
-        let mut cursor = None;
         loop {
-            let found = self.drain(&mut cursor).await;
-            if let Some(f) = self.store.failure() {
-                // Fail-stop: no delivery state can be recorded any more, so
-                // every further try would be repeated after the restart.
-                warn!(partition = %self.partition, error = %f,
-                    "outbox: the store stopped after a storage failure; this partition's dispatcher stops until the restart");
-                return;
+            // Cluster mode: wait until this node serves the partition.
+            if !self.may_dispatch() {
+                self.ownership_changed().await;
+                continue;
             }
-            if !found {
-                // Woken by a durable head change (new events, maybe with
-                // effects) or the idle poll.
-                let _ = tokio::time::timeout(IDLE_POLL, head.changed()).await;
+            // Everything at or before the cursor is delivered or dead:
+            // entries are only ever added at higher seqs (a new event's),
+            // so each scan starts after it instead of at the partition's
+            // first entry. Reset on every new tenure (cluster mode: the
+            // partition may have been rebuilt in between).
+            let mut cursor = None;
+            while self.may_dispatch() {
+                let found = self.drain(&mut cursor).await;
+                if let Some(f) = self.store.failure() {
+                    // Fail-stop: no delivery state can be recorded any more, so
+                    // every further try would be repeated after the restart.
+                    warn!(partition = %self.partition, error = %f,
+                        "outbox: the store stopped after a storage failure; this partition's dispatcher stops until the restart");
+                    return;
+                }
+                if !found {
+                    // Woken by a durable head change (new events, maybe with
+                    // effects), an ownership change, or the idle poll.
+                    tokio::select! {
+                        _ = tokio::time::timeout(IDLE_POLL, head.changed()) => {}
+                        () = self.lost() => {}
+                    }
+                }
             }
+        }
+    }
+
+    fn may_dispatch(&self) -> bool {
+        self.gate.may_dispatch(self.partition.0)
+    }
+
+    /// Returns after an ownership change, or a short poll (cluster mode);
+    /// never on one node.
+    async fn ownership_changed(&self) {
+        match self.gate.ownership_changes() {
+            Some(mut changes) => {
+                if tokio::time::timeout(OWNERSHIP_POLL, changes.changed())
+                    .await
+                    .is_ok_and(|r| r.is_err())
+                {
+                    // The node is gone: no change will come.
+                    tokio::time::sleep(OWNERSHIP_POLL).await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Resolves once this node may no longer dispatch the partition.
+    async fn lost(&self) {
+        while self.may_dispatch() {
+            self.ownership_changed().await;
         }
     }
 
@@ -151,10 +233,32 @@ impl Dispatcher {
     }
 
     /// Try `entry` until it is delivered or dead, recording each outcome
-    /// durably. False if an outcome could not be recorded.
+    /// durably. False if an outcome could not be recorded, or (cluster
+    /// mode) the node no longer serves the partition: the entry stays
+    /// pending for whoever dispatches the partition next.
     async fn deliver(&self, mut entry: OutboxEntry) -> bool {
         loop {
-            let outcome = self.post(&entry).await;
+            // Checked again before every try: only the current owner
+            // delivers.
+            if !self.may_dispatch() {
+                return false;
+            }
+            // The entry as durable now: in cluster mode an outcome record of
+            // a former owner may have settled it since it was read.
+            match self
+                .store
+                .outbox_get(self.partition, entry.seq, entry.index)
+            {
+                Ok(Some(now)) if now.state != DeliveryState::Pending => return true,
+                Ok(Some(now)) => entry = now,
+                Ok(None) | Err(_) => {}
+            }
+            // A try in flight is abandoned the moment ownership goes (it
+            // stays pending; the next owner delivers it, same key).
+            let outcome = tokio::select! {
+                r = self.post(&entry) => r,
+                () = self.lost() => return false,
+            };
             entry.attempts = entry.attempts.saturating_add(1);
             entry.updated_at_ms = now_ms();
             match outcome {
@@ -169,8 +273,9 @@ impl Dispatcher {
                     }
                 }
             }
-            if let Err(f) = self.store.outbox_update(&entry).await {
-                warn!(error = %f, "outbox: a delivery state could not be made durable");
+            if let Err(e) = self.gate.record(&entry).await {
+                warn!(partition = %self.partition, key = %entry.idempotency_key(), error = %e,
+                    "outbox: a delivery state could not be made durable");
                 return false;
             }
             let metrics = self.store.metrics();

@@ -79,19 +79,20 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             r
         })
     });
-    // The outbox dispatcher (outbox.rs): single-node only. In cluster mode
-    // only a partition's owner may dispatch, which is not built yet: the
-    // effects stay recorded and listed, nothing is delivered.
-    let dispatcher = if node.is_some() {
-        warn!("outbox dispatcher off: cluster mode does not dispatch effects yet (docs/outbox.md)");
-        None
-    } else {
-        let tasks = crate::outbox::start(&store, config.dispatch_config(), stop_rx.clone())?;
+    // The outbox dispatcher (outbox.rs): every partition on one node; in
+    // cluster mode only the partitions this node serves, each try's outcome
+    // published on the partition's log (decision 0031).
+    let gate: Arc<dyn crate::outbox::Dispatch> = match &node {
+        Some(n) => n.clone(),
+        None => Arc::new(crate::outbox::Local(store.clone())),
+    };
+    let dispatcher = {
+        let tasks = crate::outbox::start(&store, gate, config.dispatch_config(), stop_rx.clone())?;
         let gauge = tokio::spawn(crate::outbox::pending_gauge(
             store.clone(),
             std::time::Duration::from_secs(10),
         ));
-        Some((tasks, gauge))
+        (tasks, gauge)
     };
     // Installed here, before the ready line below: a SIGTERM sent as soon
     // as that line is read must stop the server cleanly, not kill it (the
@@ -130,7 +131,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         )
         .await?;
     sweeper.abort();
-    if let Some((tasks, gauge)) = dispatcher {
+    {
+        let (tasks, gauge) = dispatcher;
         gauge.abort();
         // They end on the stop signal (a try in flight is abandoned and
         // stays pending).
