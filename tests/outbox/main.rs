@@ -24,6 +24,9 @@ mod sigkill;
 #[path = "05_sdk_cli.rs"]
 mod sdk_cli;
 
+#[path = "06_https.rs"]
+mod https;
+
 mod receiver;
 
 use std::time::{Duration, Instant};

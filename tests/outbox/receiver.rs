@@ -39,6 +39,36 @@ impl Receiver {
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        Self::serve(url, listener)
+    }
+
+    /// The same receiver over HTTPS (rustls), with this certificate chain
+    /// and key (DER), at `https://127.0.0.1:<port>`.
+    pub async fn start_https(cert: Vec<u8>, key: Vec<u8>) -> Self {
+        use tokio_rustls::rustls;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.into()],
+                rustls::pki_types::PrivateKeyDer::try_from(key).unwrap(),
+            )
+            .unwrap();
+        let tls = TlsListener {
+            tcp: listener,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        };
+        Self::serve(url, tls)
+    }
+
+    fn serve<L: axum::serve::Listener>(url: String, listener: L) -> Self
+    where
+        L::Addr: std::fmt::Debug,
+    {
         let r = Self {
             url,
             seen: Arc::default(),
@@ -113,5 +143,33 @@ impl Receiver {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// A TLS listener for axum: accepts TCP, then the handshake (a failed
+/// handshake, such as a client that does not trust the certificate, is
+/// dropped and the next connection accepted).
+struct TlsListener {
+    tcp: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
     }
 }

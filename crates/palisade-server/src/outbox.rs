@@ -70,6 +70,45 @@ pub struct DispatchConfig {
     pub backoff: Duration,
     pub backoff_max: Duration,
     pub timeout: Duration,
+    /// The roots trusted for `https://` effects ([`trust_roots`]).
+    pub roots: Vec<reqwest::Certificate>,
+}
+
+/// The certificate authorities in the PEM file `path` (`--outbox-ca-file`),
+/// the only roots the dispatcher trusts for `https://` effects; none
+/// without it (decision 0032: no system roots). An unreadable file, one
+/// without a certificate, or a certificate rustls refuses is an error.
+pub fn trust_roots(path: Option<&std::path::Path>) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    use anyhow::Context;
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let what = || format!("--outbox-ca-file {}", path.display());
+    let pem = std::fs::read(path).with_context(what)?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem).with_context(what)?;
+    if roots.is_empty() {
+        anyhow::bail!(
+            "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            what()
+        );
+    }
+    // rustls checks each root when the client is built: refuse it now.
+    client(&roots, Duration::from_secs(1)).with_context(what)?;
+    Ok(roots)
+}
+
+/// The dispatcher's HTTP client: no redirects, a timeout per try, and only
+/// `roots` trusted for HTTPS.
+fn client(roots: &[reqwest::Certificate], timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder()
+        .timeout(timeout)
+        // A receiver's redirect is its answer, not a new place to post to.
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_built_in_root_certs(false);
+    for r in roots {
+        b = b.add_root_certificate(r.clone());
+    }
+    b.build()
 }
 
 /// Entries read per scan of a partition.
@@ -92,11 +131,7 @@ pub fn start(
     config: DispatchConfig,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let client = reqwest::Client::builder()
-        .timeout(config.timeout)
-        // A receiver's redirect is its answer, not a new place to post to.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()?;
+    let client = client(&config.roots, config.timeout)?;
     info!(
         partitions = store.partitions(),
         max_attempts = config.max_attempts,
@@ -335,7 +370,7 @@ impl Dispatcher {
             .body(e.body.clone())
             .send()
             .await
-            .map_err(|x| format!("{x:#}"))?;
+            .map_err(|x| chain(&x))?;
         let status = resp.status();
         if status.is_success() {
             Ok(())
@@ -353,6 +388,22 @@ fn backoff(config: &DispatchConfig, attempts: u32) -> Duration {
         .backoff
         .saturating_mul(1 << shift)
         .min(config.backoff_max)
+}
+
+/// An error and its sources (reqwest's own text leaves out the cause, such
+/// as the certificate a TLS handshake refused).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(c) = source {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        source = c.source();
+    }
+    s
 }
 
 fn truncate(mut s: String) -> String {
@@ -403,6 +454,7 @@ mod tests {
             backoff: Duration::from_millis(100),
             backoff_max: Duration::from_millis(1_000),
             timeout: Duration::from_secs(1),
+            roots: Vec::new(),
         };
         let wait = |n| backoff(&config, n).as_millis();
         assert_eq!(

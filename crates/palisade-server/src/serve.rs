@@ -22,6 +22,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Security file, TLS and the bind policy (security.rs): checked
     // before anything is created, so a refused start changes nothing.
     let security = crate::security::prepare(&config)?;
+    // The outbox's trust roots too: a bad --outbox-ca-file stops the start
+    // before anything is created.
+    let dispatch = config.dispatch_config()?;
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     // The lease authority of the mode, chosen before the store opens: the
@@ -87,7 +90,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         None => Arc::new(crate::outbox::Local(store.clone())),
     };
     let dispatcher = {
-        let tasks = crate::outbox::start(&store, gate, config.dispatch_config(), stop_rx.clone())?;
+        let tasks = crate::outbox::start(&store, gate, dispatch, stop_rx.clone())?;
         let gauge = tokio::spawn(crate::outbox::pending_gauge(
             store.clone(),
             std::time::Duration::from_secs(10),
