@@ -27,6 +27,9 @@ mod sdk_cli;
 #[path = "06_https.rs"]
 mod https;
 
+#[path = "07_prune.rs"]
+mod prune;
+
 mod receiver;
 
 use std::time::{Duration, Instant};

@@ -52,6 +52,14 @@ impl DeliveryState {
     }
 }
 
+/// Entries per state ([`crate::Store::outbox_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxCounts {
+    pub pending: usize,
+    pub delivered: usize,
+    pub dead: usize,
+}
+
 /// One effect of one admitted event.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct OutboxEntry {

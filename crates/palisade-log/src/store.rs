@@ -764,6 +764,22 @@ impl Store {
         Ok(n)
     }
 
+    /// How many outbox entries are in each state (one scan of the outbox;
+    /// delivered entries are bounded by the dispatcher's retention,
+    /// `--outbox-keep-delivered` per partition).
+    pub fn outbox_counts(&self) -> Result<crate::outbox::OutboxCounts, crate::ReadError> {
+        use crate::outbox::DeliveryState;
+        let mut c = crate::outbox::OutboxCounts::default();
+        for kv in self.trees.outbox.iter() {
+            match decode_outbox(kv?)?.state {
+                DeliveryState::Pending => c.pending += 1,
+                DeliveryState::Delivered => c.delivered += 1,
+                DeliveryState::Dead => c.dead += 1,
+            }
+        }
+        Ok(c)
+    }
+
     /// [`Store::outbox_list`] on tokio's blocking pool.
     pub async fn outbox_list_async(
         self: &Arc<Self>,
@@ -830,6 +846,60 @@ impl Store {
         })
         .map_err(|_| closed())?;
         rx.await.map_err(|_| closed())?
+    }
+
+    /// Remove partition `p`'s delivered outbox entries but the newest
+    /// `keep` (in key order: the latest events'), through the commit path,
+    /// waiting until the removal is durable; how many were removed. Dead
+    /// and pending entries are never removed here. A delivered entry is
+    /// final (nothing rewrites it: the dispatcher works on pending entries
+    /// only, and in cluster mode an outcome for a missing entry is
+    /// ignored), so removing it races nothing.
+    pub async fn outbox_prune(
+        self: &Arc<Self>,
+        p: PartitionId,
+        keep: usize,
+    ) -> Result<usize, StorageFailure> {
+        use crate::outbox::{key, DeliveryState};
+        let store = self.clone();
+        let delivered = crate::read::off_worker(move || {
+            let range = key(p.0, 0, 0)..=key(p.0, u64::MAX, u16::MAX);
+            let mut keys = Vec::new();
+            for kv in store.trees.outbox.range(range) {
+                let kv = kv?;
+                if decode_outbox(kv.clone())?.state == DeliveryState::Delivered {
+                    keys.push(kv.0.to_vec());
+                }
+            }
+            Ok::<_, crate::ReadError>(keys)
+        })
+        .await
+        .map_err(|e| {
+            StorageFailure::new(
+                "outbox read",
+                std::io::ErrorKind::InvalidData,
+                e.to_string(),
+            )
+        })?;
+        let surplus = delivered.len().saturating_sub(keep);
+        for chunk in delivered[..surplus].chunks(PRUNE_CHUNK) {
+            let (reply, rx) = oneshot::channel();
+            let writes = chunk
+                .iter()
+                .map(|k| crate::writer::RawWrite {
+                    tree: crate::wal::TreeId::OUTBOX,
+                    key: k.clone(),
+                    value: None,
+                })
+                .collect();
+            self.send(Command::Write {
+                writes,
+                reply: Some(reply),
+            })
+            .map_err(|_| closed_failure())?;
+            rx.await.map_err(|_| closed_failure())??;
+        }
+        Ok(surplus)
     }
 
     /// One outbox entry, as durable now.
@@ -953,6 +1023,18 @@ pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, SledO
 /// so (`config.rs`, `try_lock`), wrapping the `WouldBlock` of `flock`.
 fn is_lock_held(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::Other && e.to_string().starts_with("could not acquire lock")
+}
+
+/// Delivered outbox entries removed per commit round by
+/// [`Store::outbox_prune`].
+const PRUNE_CHUNK: usize = 4096;
+
+fn closed_failure() -> StorageFailure {
+    StorageFailure::new(
+        "closed",
+        std::io::ErrorKind::BrokenPipe,
+        "the store is shutting down".into(),
+    )
 }
 
 /// How long [`Store::close`] waits for the last round and checkpoint.

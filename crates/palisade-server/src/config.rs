@@ -75,6 +75,11 @@ pub struct ServeConfig {
     /// (1..=3600000).
     #[arg(long, env = "PALISADE_OUTBOX_TIMEOUT_MS", default_value_t = 10_000, value_parser = bounds::parser::<u64>(bounds::OUTBOX_BACKOFF_MS))]
     pub outbox_timeout_ms: u64,
+    /// Outbox: delivered effects kept per partition (the newest); older
+    /// ones are removed through the commit path. Dead and pending effects
+    /// are never removed (0..=100000000; docs/outbox.md).
+    #[arg(long, env = "PALISADE_OUTBOX_KEEP_DELIVERED", default_value_t = 1000, value_parser = bounds::parser::<u64>(bounds::OUTBOX_KEEP_DELIVERED))]
+    pub outbox_keep_delivered: u64,
     /// Outbox: PEM file of the certificate authorities the dispatcher
     /// trusts for `https://` effects (one or more certificates). Without
     /// it no root is trusted and https effects end dead (docs/outbox.md).
@@ -300,6 +305,7 @@ impl ServeConfig {
             backoff: ms(self.outbox_backoff_ms),
             backoff_max: ms(self.outbox_backoff_max_ms),
             timeout: ms(self.outbox_timeout_ms),
+            keep_delivered: usize::try_from(self.outbox_keep_delivered).unwrap_or(usize::MAX),
             roots: crate::outbox::trust_roots(self.outbox_ca_file.as_deref())?,
         })
     }

@@ -70,6 +70,9 @@ pub struct DispatchConfig {
     pub backoff: Duration,
     pub backoff_max: Duration,
     pub timeout: Duration,
+    /// Delivered entries kept per partition (the newest); older ones are
+    /// pruned after each drain and every housekeeping round.
+    pub keep_delivered: usize,
     /// The roots trusted for `https://` effects ([`trust_roots`]).
     pub roots: Vec<reqwest::Certificate>,
 }
@@ -250,6 +253,9 @@ impl Dispatcher {
                 }
             };
             if batch.is_empty() {
+                if found {
+                    prune(&self.store, self.partition, self.config.keep_delivered).await;
+                }
                 return found;
             }
             found = true;
@@ -423,22 +429,53 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Count the pending effects into `palisade_outbox_pending` every
-/// `every` (a scan of the outbox).
-pub async fn pending_gauge(store: Arc<Store>, every: Duration) {
+/// Remove `p`'s delivered entries but the newest `keep`, counting them in
+/// `palisade_outbox_pruned_total`.
+async fn prune(store: &Arc<Store>, p: PartitionId, keep: usize) {
+    match store.outbox_prune(p, keep).await {
+        Ok(0) => {}
+        Ok(n) => {
+            store.metrics().add(
+                "palisade_outbox_pruned_total",
+                "Delivered outbox entries removed past --outbox-keep-delivered.",
+                &[],
+                u64::try_from(n).unwrap_or(u64::MAX),
+            );
+            debug!(partition = %p, removed = n, "outbox: delivered entries pruned");
+        }
+        Err(e) => warn!(partition = %p, error = %e, "outbox: pruning failed"),
+    }
+}
+
+/// Every `every`: prune every partition's delivered entries down to
+/// `keep` (also those of partitions a cluster node does not serve), then
+/// count the entries per state into `palisade_outbox_pending` and
+/// `palisade_outbox_dead` (one scan of the outbox, whose delivered entries
+/// the pruning bounds).
+pub async fn housekeeping(store: Arc<Store>, keep: usize, every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        for p in 0..store.partitions() {
+            prune(&store, PartitionId(p), keep).await;
+        }
         let s = store.clone();
-        let n = tokio::task::spawn_blocking(move || s.outbox_count(DeliveryState::Pending)).await;
-        if let Ok(Ok(n)) = n {
+        if let Ok(Ok(c)) = tokio::task::spawn_blocking(move || s.outbox_counts()).await {
             #[allow(clippy::cast_precision_loss)]
-            store.metrics().set_gauge(
-                "palisade_outbox_pending",
-                "Effects recorded and not yet delivered or dead (counted every 10 s).",
-                &[],
-                n as f64,
-            );
+            {
+                store.metrics().set_gauge(
+                    "palisade_outbox_pending",
+                    "Effects recorded and not yet delivered or dead (counted every 10 s).",
+                    &[],
+                    c.pending as f64,
+                );
+                store.metrics().set_gauge(
+                    "palisade_outbox_dead",
+                    "Effects on the dead list (counted every 10 s).",
+                    &[],
+                    c.dead as f64,
+                );
+            }
         }
     }
 }
@@ -454,6 +491,7 @@ mod tests {
             backoff: Duration::from_millis(100),
             backoff_max: Duration::from_millis(1_000),
             timeout: Duration::from_secs(1),
+            keep_delivered: 10,
             roots: Vec::new(),
         };
         let wait = |n| backoff(&config, n).as_millis();

@@ -90,9 +90,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         None => Arc::new(crate::outbox::Local(store.clone())),
     };
     let dispatcher = {
+        let keep = dispatch.keep_delivered;
         let tasks = crate::outbox::start(&store, gate, dispatch, stop_rx.clone())?;
-        let gauge = tokio::spawn(crate::outbox::pending_gauge(
+        let gauge = tokio::spawn(crate::outbox::housekeeping(
             store.clone(),
+            keep,
             std::time::Duration::from_secs(10),
         ));
         (tasks, gauge)
