@@ -36,6 +36,6 @@ pub use event::{AppendResponse, EffectIn, EventIn, EventOut, EventsPage};
 pub use lease::{AdvisedLeaseOut, LeaseAdviceOut, LeaseIn, LeaseOut, TailsOut};
 pub use read::{
     AuditOut, AuditResponse, DeadLetterOut, DeadLettersResponse, Health, HealthFailure,
-    OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse,
-    RejectionOut, RejectionsResponse, TwinResponse,
+    OutboxCountsOut, OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse, RefusalOut,
+    RefusalsResponse, RejectionOut, RejectionsResponse, TwinResponse,
 };

@@ -1120,6 +1120,13 @@ pub(crate) async fn outbox(
     };
     let limit = page_limit(q.limit, 100, MAX_OUTBOX_LISTED)?;
     let list = s.store.outbox_list_async(state, limit).await?;
+    let counts = s.store.outbox_counts_async().await?;
+    let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+    let counts = palisade_api::OutboxCountsOut {
+        pending: n(counts.pending),
+        delivered: n(counts.delivered),
+        dead: n(counts.dead),
+    };
     let effects = list
         .into_iter()
         .map(|e| OutboxEntryOut {
@@ -1140,7 +1147,7 @@ pub(crate) async fn outbox(
             url: e.effect.url,
         })
         .collect();
-    Ok(Json(OutboxResponse { effects }))
+    Ok(Json(OutboxResponse { effects, counts }))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

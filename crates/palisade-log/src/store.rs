@@ -780,6 +780,14 @@ impl Store {
         Ok(c)
     }
 
+    /// [`Store::outbox_counts`] on tokio's blocking pool.
+    pub async fn outbox_counts_async(
+        self: &Arc<Self>,
+    ) -> Result<crate::outbox::OutboxCounts, crate::ReadError> {
+        let store = self.clone();
+        crate::read::off_worker(move || store.outbox_counts()).await
+    }
+
     /// [`Store::outbox_list`] on tokio's blocking pool.
     pub async fn outbox_list_async(
         self: &Arc<Self>,
