@@ -415,3 +415,45 @@ async fn outbox_in_cluster_mode_only_the_owner_delivers_and_a_handoff_repeats_no
     );
     drop(solo);
 }
+
+/// Not a test: how fast one partition delivers in cluster mode, where each
+/// try's outcome is a Kafka record the owner waits to apply (the figure in
+/// docs/outbox.md, "Cost"). `cargo test --test cluster outbox_cluster_rate
+/// -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "measurement for docs/outbox.md"]
+#[allow(clippy::cast_precision_loss)]
+async fn outbox_cluster_rate() {
+    let Some(etcd) = Etcd::start("outbox_cluster_rate").await else {
+        return;
+    };
+    let rx = Receiver::start().await;
+    let topic = unique("outbox-rate");
+    broker().create_topic(&topic, PARTITIONS);
+    let cluster = Cluster {
+        group: format!("{topic}-group"),
+        topic: topic.clone(),
+        etcd: etcd.endpoint.clone(),
+        prefix: format!("/{topic}/"),
+        partitions: PARTITIONS,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = cluster.start_with("n0", dir.path(), ARGS);
+    let t = lease(&node, "twin/rate-1", "w").await["token"]
+        .as_u64()
+        .unwrap();
+    let n = 500;
+    let url = format!("{}/ok/rate", rx.url);
+    let started = Instant::now();
+    let (s, body, _) = append(&[&node], "rate-1", t, &events("r", n, &url)).await;
+    assert_eq!(s, 201, "{body}");
+    let appended = started.elapsed();
+    rx.wait_for("every effect", |s| s.len() >= n).await;
+    let all = started.elapsed();
+    println!(
+        "cluster mode, one partition: {n} effects appended in {:.2} s, all delivered {:.2} s after the append ({:.0} per second)",
+        appended.as_secs_f64(),
+        (all - appended).as_secs_f64(),
+        n as f64 / (all - appended).as_secs_f64()
+    );
+}
