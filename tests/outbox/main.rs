@@ -30,6 +30,9 @@ mod https;
 #[path = "07_prune.rs"]
 mod prune;
 
+#[path = "08_remove_dead.rs"]
+mod remove_dead;
+
 mod receiver;
 
 use std::time::{Duration, Instant};

@@ -75,7 +75,7 @@ pub use audit::{
 pub use clock::SystemClock;
 pub use cluster::{AppendRoute, BackendError};
 pub use commit::{CommitHooks, RecoverError, StorageFailure};
-pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
+pub use error::{AppendError, LeaseOpError, OpenError, OutboxRemoveError, ReadError};
 pub use ingest::{
     DeadLetter, IngestOutcome, IngestRecord, Origin, Rejection, Source, DEAD_LETTERS_PER_PARTITION,
     DEAD_LETTER_VALUE_BYTES, REJECTION_LOG_LEN,

@@ -910,6 +910,45 @@ impl Store {
         Ok(surplus)
     }
 
+    /// Remove a dead outbox effect (an operator has dealt with it), through
+    /// the commit path, once durable; the entry as it was. Only dead
+    /// entries: nothing else rewrites them (the dispatcher works on pending
+    /// ones, retention on delivered ones), so this read-then-remove races
+    /// nothing. Not in cluster mode ([`crate::OutboxRemoveError::Cluster`]).
+    pub async fn outbox_remove_dead(
+        &self,
+        p: PartitionId,
+        seq: u64,
+        index: u16,
+    ) -> Result<crate::outbox::OutboxEntry, crate::OutboxRemoveError> {
+        use crate::OutboxRemoveError as E;
+        if self.append_route.get().is_some() {
+            return Err(E::Cluster);
+        }
+        let entry = self.outbox_get(p, seq, index)?.ok_or(E::NotFound {
+            partition: p.0,
+            seq,
+            index,
+        })?;
+        if entry.state != crate::outbox::DeliveryState::Dead {
+            return Err(E::NotDead {
+                state: entry.state.name(),
+            });
+        }
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Write {
+            writes: vec![crate::writer::RawWrite {
+                tree: crate::wal::TreeId::OUTBOX,
+                key: entry.key().to_vec(),
+                value: None,
+            }],
+            reply: Some(reply),
+        })
+        .map_err(|_| closed_failure())?;
+        rx.await.map_err(|_| closed_failure())??;
+        Ok(entry)
+    }
+
     /// One outbox entry, as durable now.
     pub fn outbox_get(
         &self,
