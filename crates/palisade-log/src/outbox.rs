@@ -184,8 +184,10 @@ impl OutboxOutcome {
 
     /// Merge into `entry`; whether it changed. States only move forward
     /// (`pending` < `dead` < `delivered`: a receiver's confirmation is
-    /// final, whoever reports it and in whatever order), and within a
-    /// state the higher try count wins. So the result depends only on the
+    /// final, whoever reports it and in whatever order), and within
+    /// `pending` or `dead` the higher try count wins (a `delivered` entry
+    /// is never rewritten: retention may remove it meanwhile, and a rewrite
+    /// would bring it back). So the result depends only on the
     /// outcomes applied, in log order, not on which owner produced them:
     /// a former owner's late outcome cannot undo a newer one.
     pub fn merge_into(&self, entry: &mut OutboxEntry) -> bool {
@@ -196,7 +198,9 @@ impl OutboxOutcome {
         };
         let newer = match rank(self.state).cmp(&rank(entry.state)) {
             std::cmp::Ordering::Greater => true,
-            std::cmp::Ordering::Equal => self.attempts > entry.attempts,
+            std::cmp::Ordering::Equal => {
+                self.state != DeliveryState::Delivered && self.attempts > entry.attempts
+            }
             std::cmp::Ordering::Less => false,
         };
         if newer {
@@ -291,8 +295,13 @@ mod tests {
         };
         assert!(delivered.merge_into(&mut e));
         assert_eq!(e.state, DeliveryState::Delivered);
-        // A late failure or dead verdict (a former owner's) cannot undo it.
+        // A late failure or dead verdict (a former owner's), or a second
+        // confirmation, cannot change it.
         for late in [
+            OutboxOutcome {
+                attempts: 9,
+                ..delivered.clone()
+            },
             OutboxOutcome {
                 attempts: 9,
                 ..failed.clone()
