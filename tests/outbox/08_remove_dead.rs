@@ -1,8 +1,9 @@
 //! `DELETE /v1/outbox/{partition}/{seq}/{index}`: an operator removes a dead
 //! effect (one that failed every try) once dealt with. Only dead effects: a
 //! delivered or pending one is refused (409) and kept; an unknown one is a
-//! 404; bad numbers a 400; the removal is durable (gone after a restart)
-//! and nothing is delivered again because of it.
+//! 404; bad numbers a 400; the removal (here through the SDK's
+//! `Client::outbox_remove_dead`) is durable (gone after a restart) and
+//! nothing is delivered again because of it.
 
 use serde_json::json;
 
@@ -65,8 +66,16 @@ async fn only_dead_effects_can_be_removed_and_the_removal_is_durable() {
         "a refused removal changed nothing"
     );
 
-    let r = c.delete(&at(dead)).await;
-    assert_eq!(r.status, 204, "{:?}", r.body);
+    // Through the SDK (`Client::outbox_remove_dead`).
+    let sdk = palisade_client::Client::new(&server.base).unwrap();
+    let n = |k: &str| dead[k].as_u64().unwrap();
+    sdk.outbox_remove_dead(
+        u32::try_from(n("partition")).unwrap(),
+        n("seq"),
+        u16::try_from(n("index")).unwrap(),
+    )
+    .await
+    .unwrap();
     assert_eq!(outbox(&c, "").await, vec![ok.clone()]);
     let r = c.delete(&at(dead)).await;
     assert_eq!(r.status, 404, "removed once");
