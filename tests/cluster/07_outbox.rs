@@ -209,6 +209,60 @@ async fn outbox_in_cluster_mode_only_the_owner_delivers_and_a_handoff_repeats_no
     }
     delivered_on(&nodes[by_id(&nodes, &owner)], &keys("p", 3)).await;
 
+    // A dead effect (every try refused) is removed by an operator through
+    // the partition's log: refused by a node that does not serve the
+    // partition, done by the owner, and gone on every node that replays
+    // the log (checked on the fresh node at the end).
+    let down = format!("{}/down/pump", rx.url);
+    let (s, body, _) = append(
+        &nodes.iter().collect::<Vec<_>>(),
+        "pump-1",
+        tp,
+        &events("pdead", 1, &down),
+    )
+    .await;
+    assert_eq!(s, 201, "{body}");
+    let owner_node = &nodes[by_id(&nodes, &owner)];
+    let dead = {
+        let started = Instant::now();
+        loop {
+            let all = outbox(owner_node).await;
+            if let Some(e) = all
+                .iter()
+                .find(|e| e["event_id"] == "pdead1" && e["state"] == "dead")
+            {
+                break e.clone();
+            }
+            assert!(started.elapsed() < STEP, "pdead1 never dead: {all:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert_eq!(dead["attempts"], 8, "every try is counted: {dead}");
+    let at = format!(
+        "/v1/outbox/{}/{}/{}",
+        dead["partition"], dead["seq"], dead["index"]
+    );
+    let other = nodes.iter().find(|n| n.id != owner).unwrap();
+    let r = http()
+        .delete(format!("{}{at}", other.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503, "a non-owner refuses");
+    let r = http()
+        .delete(format!("{}{at}", owner_node.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204, "{:?}", r.text().await);
+    assert!(
+        !outbox(owner_node)
+            .await
+            .iter()
+            .any(|e| e["event_id"] == "pdead1"),
+        "removed on the owner"
+    );
+
     // 2. A stale writer's effects never appear: a superseded holder
     //    (409 stale_token), and a former owner's late record carrying
     //    effects (produced under owner token 1, below every owner marker's).

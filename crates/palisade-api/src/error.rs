@@ -161,8 +161,6 @@ error_names! {
     Unauthenticated => "unauthenticated",
     /// `400`/`404`: the partition is not below the partition count.
     UnknownPartition => "unknown_partition",
-    /// `400`: the operation is not supported in cluster mode (yet).
-    UnsupportedInClusterMode => "unsupported_in_cluster_mode",
     /// `412`: `If-Match` does not name the twin's version.
     VersionMismatch => "version_mismatch",
     /// `412`: `If-Match` is a weak tag, which never matches.

@@ -332,7 +332,9 @@ impl From<palisade_log::OutboxRemoveError> for ApiError {
             E::NotDead { .. } => {
                 Self::new(StatusCode::CONFLICT, ErrorName::OutboxEffectNotDead, msg)
             }
-            E::Cluster => Self::bad_request(ErrorName::UnsupportedInClusterMode, msg),
+            E::NotServing(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorName::NotServing, msg)
+            }
             E::Read(r) => r.into(),
             E::Storage(f) => Self::storage_failed(&f),
         }

@@ -1165,7 +1165,7 @@ pub(crate) struct EffectPath {
 }
 
 /// Remove a dead outbox effect (an operator has dealt with it). Only dead
-/// effects; single node only.
+/// effects; in cluster mode on the node serving the partition.
 #[utoipa::path(
     delete,
     path = "/v1/outbox/{partition}/{seq}/{index}",
@@ -1173,10 +1173,10 @@ pub(crate) struct EffectPath {
     params(EffectPath),
     responses(
         (status = 204, description = "Removed"),
-        (status = 400, description = "`bad_query` (not numbers), `unsupported_in_cluster_mode`", body = ErrorBody),
+        (status = 400, description = "`bad_query` (not numbers)", body = ErrorBody),
         (status = 404, description = "`outbox_effect_not_found`", body = ErrorBody),
         (status = 409, description = "`outbox_effect_not_dead` (pending or delivered)", body = ErrorBody),
-        (status = 503, description = "`storage_failed`, `closed`", body = ErrorBody),
+        (status = 503, description = "`not_serving` (cluster mode: ask the node serving the partition), `storage_failed`, `closed`", body = ErrorBody),
     )
 )]
 pub(crate) async fn remove_dead_effect(

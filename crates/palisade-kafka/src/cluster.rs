@@ -62,6 +62,9 @@ use crate::{IngestConfig, KafkaIngestError};
 pub const CONTROL_HEADER: &str = "palisade-control";
 /// The [`CONTROL_HEADER`] value of an outbox delivery outcome.
 pub const OUTBOX_CONTROL: &str = "outbox";
+/// The [`CONTROL_HEADER`] value of an operator's removal of a dead outbox
+/// effect.
+pub const OUTBOX_REMOVE_CONTROL: &str = "outbox-remove";
 /// Owner token: of an `owner` marker, or of the node that produced an HTTP
 /// append.
 pub const OWNER_TOKEN_HEADER: &str = "palisade-owner-token";
@@ -464,6 +467,8 @@ impl ClusterIngester {
                 };
                 let outbox = (control.as_deref() == Some(OUTBOX_CONTROL))
                     .then(|| msg.payload().map(palisade_log::OutboxOutcome::from_json));
+                let removal = (control.as_deref() == Some(OUTBOX_REMOVE_CONTROL))
+                    .then(|| msg.payload().map(palisade_log::parse_removal));
                 let strict = cfg.strict_partitioning.then(|| store.partitions());
                 let record = control.is_none().then(|| match origin_of(&msg) {
                     // A node's record of an HTTP append: its events may
@@ -562,6 +567,21 @@ impl ClusterIngester {
                                 store.outbox_settle(&outcome).await.map_err(|e| KafkaIngestError::Store(AppendError::Storage(e.to_string())))?;
                             }
                             other => warn!(partition = p, offset = o, problem = ?other, "cluster: malformed outbox outcome record ignored"),
+                        }
+                        ownership.handled(p, o, Applied::Control, None);
+                    }
+                    Some(OUTBOX_REMOVE_CONTROL) => {
+                        barrier(&tx).await;
+                        match removal {
+                            Some(Some(Ok((part, seq, index)))) if part == p => {
+                                match store.outbox_remove_local(PartitionId(p), seq, index).await {
+                                    Ok(_) => info!(partition = p, offset = o, seq, index, "cluster: dead outbox effect removed"),
+                                    // Not there or not dead (any more) here: nothing to do.
+                                    Err(palisade_log::OutboxRemoveError::NotFound { .. } | palisade_log::OutboxRemoveError::NotDead { .. }) => {}
+                                    Err(e) => return Err(KafkaIngestError::Store(AppendError::Storage(e.to_string()))),
+                                }
+                            }
+                            other => warn!(partition = p, offset = o, problem = ?other, "cluster: malformed outbox removal record ignored"),
                         }
                         ownership.handled(p, o, Applied::Control, None);
                     }

@@ -49,6 +49,16 @@ pub trait AppendRoute: Send + Sync + std::fmt::Debug {
         effects: Vec<Vec<palisade_core::effect::Effect>>,
         if_match: Option<u64>,
     ) -> BoxFuture<'_, Result<Appended, AppendError>>;
+
+    /// Remove a dead outbox effect through the partition's log (a
+    /// `palisade-control: outbox-remove` record every node applies); the
+    /// entry as it was.
+    fn remove_dead_effect(
+        &self,
+        partition: u32,
+        seq: u64,
+        index: u16,
+    ) -> BoxFuture<'_, Result<crate::OutboxEntry, crate::OutboxRemoveError>>;
 }
 
 /// Tree of cluster-mode state: each partition's owner fence.

@@ -157,8 +157,10 @@ pub enum OutboxRemoveError {
     NotDead { state: &'static str },
     /// Cluster mode: delivery states come from the partition's log, so a
     /// removal would have to be a record of it (not built).
-    #[error("removing outbox effects is not supported in cluster mode yet (docs/outbox.md)")]
-    Cluster,
+    /// Cluster mode: this node does not serve the effect's partition (ask
+    /// its owner), or lost it before the removal was applied.
+    #[error("{0}")]
+    NotServing(String),
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error(transparent)]

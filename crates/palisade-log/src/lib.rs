@@ -82,7 +82,9 @@ pub use ingest::{
 };
 pub use leases::LeaseBackend;
 pub use metrics::Metrics;
-pub use outbox::{DeliveryState, OutboxCounts, OutboxEntry, OutboxOutcome};
+pub use outbox::{
+    parse_removal, removal_json, DeliveryState, OutboxCounts, OutboxEntry, OutboxOutcome,
+};
 pub use read::{AsOf, PartitionInfo, TwinView};
 pub use refusals::{payload_digest, Refusal, RefusalSource, DEFAULT_REFUSALS_PER_PARTITION};
 pub use store::{Store, StoreConfig, DEFAULT_PARTITIONS, MAX_PARTITIONS};

@@ -213,6 +213,30 @@ impl OutboxOutcome {
     }
 }
 
+/// Cluster mode: the value of a `palisade-control: outbox-remove` record,
+/// `{"partition", "seq", "index"}` (an operator removes a dead effect).
+pub fn removal_json(partition: u32, seq: u64, index: u16) -> Vec<u8> {
+    serde_json::json!({"partition": partition, "seq": seq, "index": index})
+        .to_string()
+        .into_bytes()
+}
+
+/// Read [`removal_json`] back: `(partition, seq, index)`.
+pub fn parse_removal(bytes: &[u8]) -> Result<(u32, u64, u16), String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let num = |k: &str| {
+        v.get(k)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| format!("{k} is not a non-negative integer"))
+    };
+    Ok((
+        u32::try_from(num("partition")?).map_err(|e| e.to_string())?,
+        num("seq")?,
+        u16::try_from(num("index")?).map_err(|e| e.to_string())?,
+    ))
+}
+
 /// `partition:u32 BE ++ seq:u64 BE ++ index:u16 BE`.
 pub(crate) fn key(partition: u32, seq: u64, index: u16) -> [u8; 14] {
     let mut k = [0u8; 14];
@@ -271,6 +295,11 @@ mod tests {
             ..OutboxOutcome::of(&e)
         };
         assert_eq!(OutboxOutcome::from_json(&failed.to_json()).unwrap(), failed);
+        assert_eq!(
+            parse_removal(&removal_json(3, 70_000, 2)),
+            Ok((3, 70_000, 2))
+        );
+        assert!(parse_removal(br#"{"partition":0,"seq":1,"index":70000}"#).is_err());
         assert!(OutboxOutcome::from_json(b"{}").is_err());
         assert!(OutboxOutcome::from_json(
             br#"{"partition":0,"seq":1,"index":0,"state":"gone","attempts":0,"updated_at_ms":0}"#

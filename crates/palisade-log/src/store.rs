@@ -910,21 +910,35 @@ impl Store {
         Ok(surplus)
     }
 
-    /// Remove a dead outbox effect (an operator has dealt with it), through
-    /// the commit path, once durable; the entry as it was. Only dead
-    /// entries: nothing else rewrites them (the dispatcher works on pending
-    /// ones, retention on delivered ones), so this read-then-remove races
-    /// nothing. Not in cluster mode ([`crate::OutboxRemoveError::Cluster`]).
+    /// Remove a dead outbox effect (an operator has dealt with it); the
+    /// entry as it was. On one node through the commit path, once durable;
+    /// in cluster mode through the partition's log
+    /// ([`crate::AppendRoute::remove_dead_effect`]).
     pub async fn outbox_remove_dead(
         &self,
         p: PartitionId,
         seq: u64,
         index: u16,
     ) -> Result<crate::outbox::OutboxEntry, crate::OutboxRemoveError> {
-        use crate::OutboxRemoveError as E;
-        if self.append_route.get().is_some() {
-            return Err(E::Cluster);
+        if let Some(route) = self.append_route.get() {
+            return route.remove_dead_effect(p.0, seq, index).await;
         }
+        self.outbox_remove_local(p, seq, index).await
+    }
+
+    /// Remove a dead outbox effect from this store through the commit path,
+    /// once durable (cluster mode: what applying an `outbox-remove` record
+    /// does). Only dead entries: nothing else rewrites them (the dispatcher
+    /// works on pending ones, retention on delivered ones; in cluster mode
+    /// the consumer applies records one at a time), so this
+    /// read-then-remove races nothing.
+    pub async fn outbox_remove_local(
+        &self,
+        p: PartitionId,
+        seq: u64,
+        index: u16,
+    ) -> Result<crate::outbox::OutboxEntry, crate::OutboxRemoveError> {
+        use crate::OutboxRemoveError as E;
         let entry = self.outbox_get(p, seq, index)?.ok_or(E::NotFound {
             partition: p.0,
             seq,

@@ -219,6 +219,16 @@ async fn cluster_routed_appends_hand_their_effects_to_the_route() {
             self.0.lock().unwrap().push(effects);
             Box::pin(async { Err(AppendError::Closed) })
         }
+
+        fn remove_dead_effect(
+            &self,
+            _partition: u32,
+            _seq: u64,
+            _index: u16,
+        ) -> BoxFuture<'_, Result<palisade_log::OutboxEntry, palisade_log::OutboxRemoveError>>
+        {
+            Box::pin(async { Err(palisade_log::OutboxRemoveError::NotServing("fake".into())) })
+        }
     }
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
@@ -259,6 +269,14 @@ async fn cluster_routed_appends_hand_their_effects_to_the_route() {
         .await;
     assert!(matches!(r, Err(AppendError::BadEvent(_))), "{r:?}");
     assert_eq!(*route.0.lock().unwrap(), vec![vec![vec![effect]]]);
+    // Removing a dead effect goes to the route too (a record of the log).
+    let r = store
+        .outbox_remove_dead(palisade_core::PartitionId(0), 1, 0)
+        .await;
+    assert!(
+        matches!(&r, Err(palisade_log::OutboxRemoveError::NotServing(m)) if m == "fake"),
+        "{r:?}"
+    );
     assert!(store.outbox_list(None, 10).unwrap().is_empty());
     store.close().await;
 }

@@ -22,8 +22,8 @@ use palisade_core::{BoxFuture, FencingToken, NewEvent, TwinId};
 use palisade_etcd::{EtcdAuthority, EtcdConfig};
 use palisade_http::cluster::{ClusterRouting, Route};
 use palisade_kafka::cluster::{
-    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OUTBOX_CONTROL, OWNER_TOKEN_HEADER,
-    STALE_OWNER,
+    Admission, Applied, Ownership, CONTROL_HEADER, NODE_HEADER, OUTBOX_CONTROL,
+    OUTBOX_REMOVE_CONTROL, OWNER_TOKEN_HEADER, STALE_OWNER,
 };
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
@@ -648,5 +648,64 @@ impl AppendRoute for Node {
         if_match: Option<u64>,
     ) -> BoxFuture<'_, Result<Appended, AppendError>> {
         Box::pin(self.append_via_kafka(twin, token, events, effects, if_match))
+    }
+
+    /// Checked on this node's copy (it must serve the partition), then a
+    /// `palisade-control: outbox-remove` record every node applies.
+    fn remove_dead_effect(
+        &self,
+        partition: u32,
+        seq: u64,
+        index: u16,
+    ) -> BoxFuture<'_, Result<OutboxEntry, palisade_log::OutboxRemoveError>> {
+        use palisade_log::OutboxRemoveError as E;
+        Box::pin(async move {
+            let Some(owner) = lock(&self.machine).serving(partition, self.clock.now()) else {
+                return Err(E::NotServing(format!(
+                    "node {} does not serve partition {partition}; ask its owner (GET /v1/twins/<a twin of it> names it)",
+                    self.id
+                )));
+            };
+            let p = palisade_core::PartitionId(partition);
+            let entry = self.store.outbox_get(p, seq, index)?.ok_or(E::NotFound {
+                partition,
+                seq,
+                index,
+            })?;
+            if entry.state != palisade_log::DeliveryState::Dead {
+                return Err(E::NotDead {
+                    state: entry.state.name(),
+                });
+            }
+            let headers = vec![
+                (CONTROL_HEADER, OUTBOX_REMOVE_CONTROL.to_owned()),
+                (OWNER_TOKEN_HEADER, owner.token.0.to_string()),
+                (NODE_HEADER, self.id.clone()),
+            ];
+            let offset = self
+                .log
+                .produce(
+                    partition,
+                    None,
+                    palisade_log::removal_json(partition, seq, index),
+                    headers,
+                )
+                .await
+                .map_err(|e| E::NotServing(format!("removal record not produced: {e}")))?;
+            match self.outcome(partition, offset).await {
+                Some(Applied::Control) => {}
+                _ => {
+                    return Err(E::NotServing(format!(
+                        "partition {partition} moved before the removal at offset {offset} was applied here; it is applied by whoever applies the log"
+                    )))
+                }
+            }
+            match self.store.outbox_get(p, seq, index)? {
+                None => Ok(entry),
+                Some(now) => Err(E::NotDead {
+                    state: now.state.name(),
+                }),
+            }
+        })
     }
 }
