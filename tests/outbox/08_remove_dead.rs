@@ -39,6 +39,32 @@ async fn only_dead_effects_can_be_removed_and_the_removal_is_durable() {
         "{:?}",
         r.body
     );
+    // The CLI says the same (`palisade outbox --remove-dead P/SEQ/INDEX`).
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["outbox", "--url", &server.base, "--remove-dead"])
+        .arg(format!("{}/{}/{}", ok["partition"], ok["seq"], ok["index"]))
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&cli.stdout),
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert!(
+        !cli.status.success() && said.contains("outbox_effect_not_dead"),
+        "{said}"
+    );
+    for bad in ["1/2", "1/2/3/4", "a/1/0", "0/1/70000"] {
+        let cli = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["outbox", "--url", &server.base, "--remove-dead", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&cli.stderr);
+        assert!(
+            !cli.status.success() && err.contains("PARTITION/SEQ/INDEX"),
+            "{bad}: {err}"
+        );
+    }
     let p = dead["partition"].as_u64().unwrap();
     let r = c.delete(&format!("/v1/outbox/{p}/999999/0")).await;
     assert_eq!(
