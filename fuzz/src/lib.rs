@@ -141,7 +141,7 @@ pub fn kafka_record(data: &[u8]) -> bool {
     let strict = (flags & 8 == 0).then_some(partitions);
     // The cluster nodes' decoder (effects kept) agrees with the workers'
     // one: the same record unless effects are declared, which only it
-    // accepts (decision 0031).
+    // accepts (decision 0035).
     let with_effects = decode_with_effects(&raw, strict, max_value_bytes);
     if let Ok(w) = &with_effects {
         assert!(

@@ -41,5 +41,5 @@ mod backend_suite;
 #[path = "../outbox/receiver.rs"]
 mod receiver;
 
-#[path = "07_outbox.rs"]
+#[path = "11_outbox.rs"]
 mod outbox;

@@ -1,4 +1,4 @@
-//! `https://` effects (decision 0032): the dispatcher trusts exactly the
+//! `https://` effects (decision 0036): the dispatcher trusts exactly the
 //! roots of `--outbox-ca-file`. A real HTTPS receiver (rustls, a
 //! certificate made by rcgen for 127.0.0.1): with its certificate in the
 //! CA file the effect is delivered; without the file the same effect ends

@@ -1,5 +1,5 @@
 //! The recording webhook receiver of the outbox tests (`tests/outbox`,
-//! `tests/cluster/07_outbox.rs`).
+//! `tests/cluster/11_outbox.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

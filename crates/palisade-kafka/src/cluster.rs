@@ -19,7 +19,7 @@
 //!   to deliver one of p's outbox effects, published by the owner that
 //!   tried. Applying it merges it into the entry (states only move forward),
 //!   so a later owner does not deliver again what was confirmed
-//!   (`docs/decisions/0031-outbox-in-cluster-mode.md`).
+//!   (`docs/decisions/0035-outbox-in-cluster-mode.md`).
 //!
 //! The records a node produces for HTTP appends (`palisade-owner-token`
 //! set, not a forwarded copy) may carry effects in their JSON events; the

@@ -106,7 +106,7 @@ impl OutboxEntry {
 
 /// A delivery outcome as cluster mode publishes it: the value of a
 /// `palisade-control: outbox` record of the entry's partition
-/// (`docs/decisions/0031-outbox-in-cluster-mode.md`). Every node applying
+/// (`docs/decisions/0035-outbox-in-cluster-mode.md`). Every node applying
 /// the partition merges it into its copy of the entry
 /// ([`OutboxOutcome::merge_into`]), so the outbox is the same on every node
 /// that replays the log, and a new owner does not deliver again what a

@@ -4,7 +4,7 @@
 //! `fdatasync` (held by a test hook), neither `outbox_list` nor
 //! `outbox_pending` (what the dispatcher reads) shows the effects; once the
 //! round is synced and applied they are there. A backup keeps the outbox
-//! with its delivery states. Cluster mode's part (decision 0031): effects
+//! with its delivery states. Cluster mode's part (decision 0035): effects
 //! of ingested records are fenced like an append's, and delivery outcomes
 //! merge forward, the same on every store. `docs/outbox.md`.
 
@@ -281,7 +281,7 @@ async fn cluster_routed_appends_hand_their_effects_to_the_route() {
     store.close().await;
 }
 
-/// Cluster mode's side of the outbox at the log level (decision 0031): a
+/// Cluster mode's side of the outbox at the log level (decision 0035): a
 /// Kafka record's effects are recorded by the writer in the event's fenced
 /// round (a stale record's are not), and delivery outcomes read from the
 /// log are merged forward: applying the same outcomes in the same order

@@ -487,7 +487,7 @@ impl Node {
 /// The outbox dispatcher's side of ownership (`outbox.rs`): only the node
 /// serving a partition delivers its effects, and each try's outcome is a
 /// `palisade-control: outbox` record of the partition, applied by every
-/// node (`docs/decisions/0031-outbox-in-cluster-mode.md`).
+/// node (`docs/decisions/0035-outbox-in-cluster-mode.md`).
 impl crate::outbox::Dispatch for Node {
     fn may_dispatch(&self, partition: u32) -> bool {
         lock(&self.machine)

@@ -16,7 +16,7 @@
 //! `backoff` up to `backoff_max`; after `max_attempts` failed tries the
 //! effect is `dead`, with its last error, and the partition moves on.
 //!
-//! Cluster mode (`docs/decisions/0031-outbox-in-cluster-mode.md`): a
+//! Cluster mode (`docs/decisions/0035-outbox-in-cluster-mode.md`): a
 //! partition's task works only while its node serves the partition
 //! ([`Dispatch::may_dispatch`]), checks again before each try, abandons a
 //! try in flight the moment ownership goes, and records each outcome as a
@@ -79,7 +79,7 @@ pub struct DispatchConfig {
 
 /// The certificate authorities in the PEM file `path` (`--outbox-ca-file`),
 /// the only roots the dispatcher trusts for `https://` effects; none
-/// without it (decision 0032: no system roots). An unreadable file, one
+/// without it (decision 0036: no system roots). An unreadable file, one
 /// without a certificate, or a certificate rustls refuses is an error.
 pub fn trust_roots(path: Option<&std::path::Path>) -> anyhow::Result<Vec<reqwest::Certificate>> {
     use anyhow::Context;

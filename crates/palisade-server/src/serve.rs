@@ -84,7 +84,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     });
     // The outbox dispatcher (outbox.rs): every partition on one node; in
     // cluster mode only the partitions this node serves, each try's outcome
-    // published on the partition's log (decision 0031).
+    // published on the partition's log (decision 0035).
     let gate: Arc<dyn crate::outbox::Dispatch> = match &node {
         Some(n) => n.clone(),
         None => Arc::new(crate::outbox::Local(store.clone())),

@@ -1,4 +1,4 @@
-//! The fenced outbox in cluster mode (docs/outbox.md, decision 0031): two
+//! The fenced outbox in cluster mode (docs/outbox.md, decision 0035): two
 //! real `palisade serve --cluster-node` processes on a real etcd and
 //! Kafka-protocol broker, and a recording webhook receiver
 //! (`../outbox/receiver.rs`). Asserted:
