@@ -11,7 +11,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, dead_code)]
 
 use palisade_core::{codec, json, partition_for, Event, NewEvent, TwinId};
-use palisade_kafka::decode::{decode, RawRecord};
+use palisade_kafka::decode::{decode, decode_with_effects, RawRecord};
 
 /// The on-disk codec: `codec::decode::<Event>` on arbitrary bytes. An
 /// accepted value re-encodes to bytes that decode to the same value.
@@ -139,9 +139,30 @@ pub fn kafka_record(data: &[u8]) -> bool {
     };
     // Strict partitioning unless bit 3 is set (records routed by key).
     let strict = (flags & 8 == 0).then_some(partitions);
+    // The cluster nodes' decoder (effects kept) agrees with the workers'
+    // one: the same record unless effects are declared, which only it
+    // accepts (decision 0035).
+    let with_effects = decode_with_effects(&raw, strict, max_value_bytes);
+    if let Ok(w) = &with_effects {
+        assert!(
+            w.effects.is_empty() || w.effects.len() == w.events.len(),
+            "effects are aligned with events"
+        );
+    }
     let Ok(d) = decode(&raw, strict, max_value_bytes) else {
+        if let Ok(w) = with_effects {
+            assert!(
+                w.effects.iter().any(|e| !e.is_empty()),
+                "only effects make the workers' decoder refuse what the nodes' accepts"
+            );
+        }
         return false;
     };
+    assert_eq!(
+        with_effects.as_ref().ok(),
+        Some(&d),
+        "without effects both decoders agree"
+    );
     assert!(!d.events.is_empty(), "a decoded record has events");
     assert_eq!(Some(&d.twin), twin.as_ref(), "the twin is the key");
     if strict.is_some() {

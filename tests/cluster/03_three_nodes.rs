@@ -48,6 +48,13 @@ impl Cluster {
         self.start_with(id, dir, &[])
     }
 
+    /// [`Self::launch`] with these more `palisade serve` arguments, kept
+    /// for later restarts.
+    pub(crate) fn launch_with(&self, n: &mut Node, extra: &[&str]) {
+        n.extra = extra.iter().map(|&a| a.to_owned()).collect();
+        self.launch(n);
+    }
+
     /// [`Self::start`] with more `palisade serve` arguments (kept for
     /// restarts).
     pub(crate) fn start_with(&self, id: &str, dir: &Path, extra: &[&str]) -> Node {
@@ -63,6 +70,7 @@ impl Cluster {
         n
     }
 
+    /// (Re)start node `n`'s process with its more arguments.
     pub(crate) fn launch(&self, n: &mut Node) {
         let log = std::fs::OpenOptions::new()
             .create(true)

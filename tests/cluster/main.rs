@@ -48,3 +48,10 @@ mod rebalance;
 
 #[path = "10_auth.rs"]
 mod auth;
+
+#[allow(dead_code)]
+#[path = "../outbox/receiver.rs"]
+mod receiver;
+
+#[path = "11_outbox.rs"]
+mod outbox;

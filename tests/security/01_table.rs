@@ -341,6 +341,21 @@ async fn every_principal_can_do_what_its_roles_grant_and_nothing_else() {
         401,
         "unauthenticated"
     );
+    // Removing a dead effect: `admin` on admin/outbox too (ops reaches the
+    // store: there is no such effect).
+    for (who, status, error) in [
+        ("ops", 404, "outbox_effect_not_found"),
+        ("reader", 403, "forbidden"),
+        ("worker-a", 403, "forbidden"),
+    ] {
+        row!(
+            format!("{who} DELETE /v1/outbox/0/1/0"),
+            s.call(Some(who), Method::DELETE, "/v1/outbox/0/1/0", None, &[])
+                .await,
+            status,
+            error
+        );
+    }
 
     // A backup (the whole store, streamed): `admin` on admin/backup only.
     for (who, status, error) in [

@@ -4,6 +4,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { createServer } from "node:http";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -17,7 +18,9 @@ let server, base, dir, browser;
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), "palisade-ui-"));
-  server = spawn(bin, ["serve", "--data", dir, "--listen", "127.0.0.1:0"], { stdio: ["ignore", "pipe", "inherit"] });
+  // Fast outbox retries: a failing effect is dead after two quick tries.
+  const outbox = ["--outbox-backoff-ms", "5", "--outbox-backoff-max-ms", "20", "--outbox-max-attempts", "2"];
+  server = spawn(bin, ["serve", "--data", dir, "--listen", "127.0.0.1:0", ...outbox], { stdio: ["ignore", "pipe", "inherit"] });
   const lines = createInterface({ input: server.stdout });
   base = await new Promise((ok, fail) => {
     server.once("exit", (c) => fail(new Error(`palisade serve exited with ${c}`)));
@@ -105,4 +108,38 @@ test("a write appears live and a stale rejection is counted", async () => {
   await page.waitForFunction(() => /batcher\s*efficiency/.test(document.querySelector("#partitions tbody tr:nth-child(6)")?.textContent ?? ""), null, { timeout: 10000 });
   await page.screenshot({ path: join(root, "target", "operator-page.png"), fullPage: true });
   assert.deepEqual(errors, []);
+});
+
+test("the outbox shows its counts and each dead effect with its error", async () => {
+  // A receiver that confirms, and a URL nothing listens on (refused).
+  const receiver = createServer((req, res) => { req.resume(); req.on("end", () => res.end("ok")); });
+  await new Promise((ok) => receiver.listen(0, "127.0.0.1", ok));
+  const okUrl = `http://127.0.0.1:${receiver.address().port}/hook`;
+  const deadUrl = "http://127.0.0.1:1/unreachable";
+  const l = await api("POST", "/v1/leases", { scope: "twin/ui-valve", holder: "W", ttl_ms: 60000 });
+  assert.equal(l.status, 201);
+  const hook = (url) => ({ kind: "webhook", url, body: { close: true } });
+  const w = await api("POST", "/v1/twins/ui-valve/events", [
+    { type: "cmd", patch: { v: 1 }, event_id: "ui-ok", effects: [hook(okUrl)] },
+    { type: "cmd", patch: { v: 2 }, event_id: "ui-dead", effects: [hook(deadUrl)] },
+  ], { "fencing-token": String(l.body.token) });
+  assert.equal(w.status, 201);
+
+  const page = await browser.newPage();
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(e));
+  await page.goto(base + "/");
+  await page.waitForFunction(() => document.querySelector("#outbox-dead")?.textContent === "1", null, { timeout: 15000 });
+  assert.equal(await page.textContent("#outbox-pending"), "0");
+  assert.match(await page.textContent("#outbox-counts"), /0 pending, 1 delivered kept, 1 dead/);
+  const row = await page.locator("#outbox-dead-list tbody tr").allTextContents();
+  assert.equal(row.length, 1, String(row));
+  assert.ok(row[0].includes("ui-dead:0") && row[0].includes("ui-valve") && row[0].includes(deadUrl), row[0]);
+  // Two tries, and the client's error (a refused connection).
+  const cells = await page.locator("#outbox-dead-list tbody tr td").allTextContents();
+  assert.equal(cells[3], "2", String(cells));
+  assert.ok(cells[4].length > 0, "the last error is shown");
+  await page.screenshot({ path: join(root, "target", "operator-page-outbox.png"), fullPage: true });
+  assert.deepEqual(errors, []);
+  receiver.close();
 });

@@ -124,6 +124,11 @@ error_names! {
     NotServing => "not_serving",
     /// `500`: the OpenAPI document could not be built.
     Openapi => "openapi",
+    /// `409`: the outbox effect is pending or delivered; only dead ones
+    /// can be removed.
+    OutboxEffectNotDead => "outbox_effect_not_dead",
+    /// `404`: no outbox effect at that partition, seq and index.
+    OutboxEffectNotFound => "outbox_effect_not_found",
     /// `413`: a patch is over the per-event limit.
     PatchTooLarge => "patch_too_large",
     /// `429`: too many requests from this principal.

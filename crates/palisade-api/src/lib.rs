@@ -36,7 +36,7 @@ pub use event::{AppendResponse, EffectIn, EventIn, EventOut, EventsPage};
 pub use lease::{AdvisedLeaseOut, LeaseAdviceOut, LeaseIn, LeaseOut, TailsOut};
 pub use read::{
     AuditOut, AuditResponse, ClusterPartitionOut, DeadLetterOut, DeadLettersResponse, Health,
-    HealthFailure, MissingPartitionOut, OutboxEntryOut, OutboxResponse, PartitionOut,
-    PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut, RejectionsResponse,
-    TwinResponse,
+    HealthFailure, MissingPartitionOut, OutboxCountsOut, OutboxEntryOut, OutboxResponse,
+    PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,
+    RejectionsResponse, TwinResponse,
 };

@@ -176,6 +176,19 @@ pub struct RefusalOut {
 pub struct OutboxResponse {
     /// In order of partition, event seq, effect index.
     pub effects: Vec<OutboxEntryOut>,
+    /// How many entries are in each state now, over all partitions (not
+    /// only those listed; delivered ones are bounded by the retention).
+    #[serde(default)]
+    pub counts: OutboxCountsOut,
+}
+
+/// Outbox entries per delivery state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OutboxCountsOut {
+    pub pending: u64,
+    pub delivered: u64,
+    pub dead: u64,
 }
 
 /// One effect of one admitted event.

@@ -401,6 +401,13 @@ pub(crate) async fn refusals(a: RefusalsArgs) -> Result<(), Failure> {
 /// `palisade outbox`: effects of admitted events and their delivery states.
 pub(crate) async fn outbox(a: OutboxArgs) -> Result<(), Failure> {
     let s = Session::new(&a.conn)?;
+    if let Some((p, seq, index)) = a.remove_dead {
+        s.client
+            .outbox_remove_dead(p, seq, index)
+            .await
+            .map_err(|e| s.fail(e))?;
+        return out(format!("removed the dead effect {p}/{seq}/{index}"));
+    }
     let list = s
         .client
         .outbox(a.state.as_deref(), a.limit)

@@ -238,12 +238,33 @@ pub struct OutboxArgs {
     /// Only effects in this state.
     #[arg(long, value_parser = ["pending", "delivered", "dead"])]
     pub state: Option<String>,
+    /// Remove this dead effect instead of listing (`PARTITION/SEQ/INDEX`,
+    /// as listed): once an operator has dealt with it. Pending and
+    /// delivered effects are refused.
+    #[arg(long, value_name = "PARTITION/SEQ/INDEX", value_parser = effect_at, conflicts_with = "state")]
+    pub remove_dead: Option<(u32, u64, u16)>,
     /// At most this many, at least 1 (the store caps it at 1024).
     #[arg(long, env = "PALISADE_LIMIT", default_value_t = 100,
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub limit: usize,
     #[command(flatten)]
     pub conn: Conn,
+}
+
+/// `PARTITION/SEQ/INDEX` of an outbox effect.
+fn effect_at(s: &str) -> Result<(u32, u64, u16), String> {
+    let bad = || {
+        format!("{s:?} is not PARTITION/SEQ/INDEX (three numbers, as `palisade outbox` lists them)")
+    };
+    let mut it = s.split('/');
+    let (Some(p), Some(seq), Some(i), None) = (it.next(), it.next(), it.next(), it.next()) else {
+        return Err(bad());
+    };
+    Ok((
+        p.parse().map_err(|_| bad())?,
+        seq.parse().map_err(|_| bad())?,
+        i.parse().map_err(|_| bad())?,
+    ))
 }
 
 #[derive(Debug, Clone, Args)]

@@ -506,6 +506,23 @@ impl Client {
         Ok(page.effects)
     }
 
+    /// Remove a dead effect (one that failed every try) from the outbox,
+    /// once it has been dealt with; by the `partition`, `seq` and `index`
+    /// [`Client::outbox`] lists. Pending and delivered effects are refused
+    /// (`outbox_effect_not_dead`); single node only. Needs `admin` on
+    /// `admin/outbox` with authentication on.
+    pub async fn outbox_remove_dead(
+        &self,
+        partition: u32,
+        seq: u64,
+        index: u16,
+    ) -> Result<(), ClientError> {
+        let (p, s, i) = (partition.to_string(), seq.to_string(), index.to_string());
+        let req = self.http.delete(self.url(&["v1", "outbox", &p, &s, &i])?);
+        self.send(req).await?;
+        Ok(())
+    }
+
     async fn refusals(&self, segments: &[&str], limit: usize) -> Result<Vec<Refusal>, ClientError> {
         let mut url = self.url(segments)?;
         url.query_pairs_mut()

@@ -61,6 +61,27 @@ pub struct Effect {
     pub headers: Vec<(String, String)>,
 }
 
+impl Effect {
+    /// The effect in the form an append declares it (`{"kind", "url",
+    /// "body", "headers"}`): [`parse_effects`] of it gives it back. Cluster
+    /// mode carries effects so in the Kafka record of an HTTP append.
+    pub fn to_json(&self) -> serde_json::Value {
+        let body = serde_json::from_str::<serde_json::Value>(&self.body)
+            .unwrap_or(serde_json::Value::Null);
+        let headers: serde_json::Map<String, serde_json::Value> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        serde_json::json!({
+            "kind": self.kind.name(),
+            "url": self.url,
+            "body": body,
+            "headers": headers,
+        })
+    }
+}
+
 /// Why an `effects` value is refused (HTTP `400 bad_effects`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -243,6 +264,8 @@ mod tests {
         for b in bads {
             assert!(parse_effects(3, &b).is_err(), "{b}");
         }
+        let back = parse_effects(0, &serde_json::Value::Array(vec![e[0].to_json()])).unwrap();
+        assert_eq!(back, e, "to_json is what parse_effects reads back");
         let max = serde_json::Value::Array(vec![one; MAX_EFFECTS_PER_EVENT]);
         assert_eq!(parse_effects(0, &max).unwrap().len(), MAX_EFFECTS_PER_EVENT);
     }

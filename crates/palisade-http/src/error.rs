@@ -323,6 +323,24 @@ impl From<ReadError> for ApiError {
     }
 }
 
+impl From<palisade_log::OutboxRemoveError> for ApiError {
+    fn from(e: palisade_log::OutboxRemoveError) -> Self {
+        use palisade_log::OutboxRemoveError as E;
+        let msg = e.to_string();
+        match e {
+            E::NotFound { .. } => Self::not_found(ErrorName::OutboxEffectNotFound, msg),
+            E::NotDead { .. } => {
+                Self::new(StatusCode::CONFLICT, ErrorName::OutboxEffectNotDead, msg)
+            }
+            E::NotServing(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorName::NotServing, msg)
+            }
+            E::Read(r) => r.into(),
+            E::Storage(f) => Self::storage_failed(&f),
+        }
+    }
+}
+
 impl From<crate::caller::Refusal> for ApiError {
     fn from(r: crate::caller::Refusal) -> Self {
         use crate::caller::Refusal as R;

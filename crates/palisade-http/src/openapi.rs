@@ -57,6 +57,7 @@ use crate::wire;
         crate::routes::partition_refusals,
         crate::routes::dead_letters,
         crate::routes::outbox,
+        crate::routes::remove_dead_effect,
         crate::audit_api::audit,
         crate::backup_api::backup,
     ),

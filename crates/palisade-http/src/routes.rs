@@ -93,6 +93,10 @@ fn build(
         )
         .route("/v1/dead-letters", get(dead_letters))
         .route("/v1/outbox", get(outbox))
+        .route(
+            "/v1/outbox/{partition}/{seq}/{index}",
+            axum::routing::delete(remove_dead_effect),
+        )
         .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .route("/v1/audit", get(crate::audit_api::audit))
         .route("/v1/admin/backup", post(crate::backup_api::backup))
@@ -1161,6 +1165,13 @@ pub(crate) async fn outbox(
     };
     let limit = page_limit(q.limit, 100, MAX_OUTBOX_LISTED)?;
     let list = s.store.outbox_list_async(state, limit).await?;
+    let counts = s.store.outbox_counts_async().await?;
+    let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+    let counts = palisade_api::OutboxCountsOut {
+        pending: n(counts.pending),
+        delivered: n(counts.delivered),
+        dead: n(counts.dead),
+    };
     let effects = list
         .into_iter()
         .map(|e| OutboxEntryOut {
@@ -1181,7 +1192,50 @@ pub(crate) async fn outbox(
             url: e.effect.url,
         })
         .collect();
-    Ok(Json(OutboxResponse { effects }))
+    Ok(Json(OutboxResponse { effects, counts }))
+}
+
+/// Where an outbox effect is: its event's partition and seq, and its place
+/// in the event's `effects` (as `GET /v1/outbox` lists them).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct EffectPath {
+    partition: u32,
+    seq: u64,
+    index: u16,
+}
+
+/// Remove a dead outbox effect (an operator has dealt with it). Only dead
+/// effects; in cluster mode on the node serving the partition.
+#[utoipa::path(
+    delete,
+    path = "/v1/outbox/{partition}/{seq}/{index}",
+    tag = "partitions",
+    params(EffectPath),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "`bad_query` (not numbers)", body = ErrorBody),
+        (status = 404, description = "`outbox_effect_not_found`", body = ErrorBody),
+        (status = 409, description = "`outbox_effect_not_dead` (pending or delivered)", body = ErrorBody),
+        (status = 503, description = "`not_serving` (cluster mode: ask the node serving the partition), `storage_failed`, `closed`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn remove_dead_effect(
+    State(s): State<AppState>,
+    caller: Caller,
+    p: Result<Path<EffectPath>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    caller
+        .admit(AuditAction::Admin)?
+        .authorize(Action::Admin, &Resource::Admin("outbox".into()))?;
+    let p = path(p, ErrorName::BadQuery)?;
+    let e = s
+        .store
+        .outbox_remove_dead(palisade_core::PartitionId(p.partition), p.seq, p.index)
+        .await?;
+    tracing::info!(key = %e.idempotency_key(), partition = p.partition, seq = p.seq,
+        "outbox: dead effect removed by an operator");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -58,6 +58,11 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ),
     ("get", "/v1/dead-letters", "/v1/dead-letters"),
     ("get", "/v1/outbox", "/v1/outbox"),
+    (
+        "delete",
+        "/v1/outbox/{partition}/{seq}/{index}",
+        "/v1/outbox/0/1/0",
+    ),
     ("get", "/v1/audit", "/v1/audit"),
     ("post", "/v1/admin/backup", "/v1/admin/backup"),
 ];

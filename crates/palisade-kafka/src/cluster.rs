@@ -14,6 +14,16 @@
 //!   `palisade-holder`): a lease granted by etcd through any node; applying
 //!   it registers the token with the partition writer and raises the fence,
 //!   at its place in the log.
+//! - `palisade-control: outbox` (`palisade-owner-token`, `palisade-node`;
+//!   value: a JSON [`palisade_log::OutboxOutcome`]): the outcome of a try
+//!   to deliver one of p's outbox effects, published by the owner that
+//!   tried. Applying it merges it into the entry (states only move forward),
+//!   so a later owner does not deliver again what was confirmed
+//!   (`docs/decisions/0035-outbox-in-cluster-mode.md`).
+//!
+//! The records a node produces for HTTP appends (`palisade-owner-token`
+//! set, not a forwarded copy) may carry effects in their JSON events; the
+//! applying node records them in the outbox in the event's fenced round.
 //!
 //! A worker record in partition k whose twin belongs to partition j != k
 //! (any producer partitioner but murmur2 puts most records there) is
@@ -49,8 +59,14 @@ use tracing::{error, info, warn};
 use crate::message::{to_record, to_record_as};
 use crate::{IngestConfig, KafkaIngestError};
 
-/// Header naming a control record's kind (`owner` or `grant`).
+/// Header naming a control record's kind (`owner`, `grant` or
+/// [`OUTBOX_CONTROL`]).
 pub const CONTROL_HEADER: &str = "palisade-control";
+/// The [`CONTROL_HEADER`] value of an outbox delivery outcome.
+pub const OUTBOX_CONTROL: &str = "outbox";
+/// The [`CONTROL_HEADER`] value of an operator's removal of a dead outbox
+/// effect.
+pub const OUTBOX_REMOVE_CONTROL: &str = "outbox-remove";
 /// Owner token: of an `owner` marker, or of the node that produced an HTTP
 /// append.
 pub const OWNER_TOKEN_HEADER: &str = "palisade-owner-token";
@@ -525,8 +541,17 @@ impl ClusterIngester {
                     )),
                     _ => None,
                 };
+                let outbox = (control.as_deref() == Some(OUTBOX_CONTROL))
+                    .then(|| msg.payload().map(palisade_log::OutboxOutcome::from_json));
+                let removal = (control.as_deref() == Some(OUTBOX_REMOVE_CONTROL))
+                    .then(|| msg.payload().map(palisade_log::parse_removal));
                 let strict = cfg.strict_partitioning.then(|| store.partitions());
                 let record = control.is_none().then(|| match origin_of(&msg) {
+                    // A node's record of an HTTP append: its events may
+                    // carry effects (the fenced outbox).
+                    None if owner_token.is_some() => {
+                        crate::message::to_record_with_effects(&msg, strict, cfg.max_value_bytes)
+                    }
                     None => to_record(&msg, strict, cfg.max_value_bytes),
                     Some(Ok(origin)) => IngestRecord::Relayed {
                         origin,
@@ -640,6 +665,33 @@ impl ClusterIngester {
                                 }
                             }
                             _ => warn!(partition = p, offset = o, "cluster: malformed grant record ignored"),
+                        }
+                        ownership.handled(p, o, Applied::Control, None);
+                    }
+                    Some(OUTBOX_CONTROL) => {
+                        // After the event records queued before it: the
+                        // entry it names exists once they are applied.
+                        barrier(&tx).await;
+                        match outbox {
+                            Some(Some(Ok(outcome))) if outcome.partition == p => {
+                                store.outbox_settle(&outcome).await.map_err(|e| KafkaIngestError::Store(AppendError::Storage(e.to_string())))?;
+                            }
+                            other => warn!(partition = p, offset = o, problem = ?other, "cluster: malformed outbox outcome record ignored"),
+                        }
+                        ownership.handled(p, o, Applied::Control, None);
+                    }
+                    Some(OUTBOX_REMOVE_CONTROL) => {
+                        barrier(&tx).await;
+                        match removal {
+                            Some(Some(Ok((part, seq, index)))) if part == p => {
+                                match store.outbox_remove_local(PartitionId(p), seq, index).await {
+                                    Ok(_) => info!(partition = p, offset = o, seq, index, "cluster: dead outbox effect removed"),
+                                    // Not there or not dead (any more) here: nothing to do.
+                                    Err(palisade_log::OutboxRemoveError::NotFound { .. } | palisade_log::OutboxRemoveError::NotDead { .. }) => {}
+                                    Err(e) => return Err(KafkaIngestError::Store(AppendError::Storage(e.to_string()))),
+                                }
+                            }
+                            other => warn!(partition = p, offset = o, problem = ?other, "cluster: malformed outbox removal record ignored"),
                         }
                         ownership.handled(p, o, Applied::Control, None);
                     }
@@ -767,18 +819,21 @@ fn expecting(record: IngestRecord, msg: &BorrowedMessage<'_>) -> IngestRecord {
             twin,
             token,
             events,
+            effects,
             ..
         } => match header_str(msg, IF_MATCH_HEADER).map(|v| (v.trim().parse::<u64>(), v)) {
             None => IngestRecord::Append {
                 twin,
                 token,
                 events,
+                effects,
                 if_match: None,
             },
             Some((Ok(v), _)) => IngestRecord::Append {
                 twin,
                 token,
                 events,
+                effects,
                 if_match: Some(v),
             },
             Some((Err(_), v)) => {

@@ -8,7 +8,8 @@
 //! or an array). The record may be in any partition of the topic (the store
 //! routes it by key) unless the ingester runs in strict mode.
 
-use palisade_core::json::parse_events;
+use palisade_core::effect::Effect;
+use palisade_core::json::parse_events_with_effects;
 use palisade_core::{partition_for, FencingToken, Hlc, NewEvent, TwinId};
 use prost::Message;
 
@@ -38,6 +39,9 @@ pub struct Decoded {
     pub twin: TwinId,
     pub token: FencingToken,
     pub events: Vec<NewEvent>,
+    /// Each event's effects (the fenced outbox), aligned with `events`;
+    /// empty unless decoded by [`decode_with_effects`].
+    pub effects: Vec<Vec<Effect>>,
 }
 
 /// Why a record cannot be applied. `reason` is a stable name (the dead
@@ -88,6 +92,27 @@ pub fn decode(
     raw: &RawRecord<'_>,
     strict_partitions: Option<u32>,
     max_value_bytes: usize,
+) -> Result<Decoded, Refusal> {
+    decode_inner(raw, strict_partitions, max_value_bytes, false)
+}
+
+/// [`decode`], keeping the effects a JSON record's events declare (`bad_effects`
+/// if malformed). Only for the records cluster nodes produce for HTTP
+/// appends (`palisade-owner-token`): a worker's record with effects is
+/// refused (`docs/outbox.md`).
+pub fn decode_with_effects(
+    raw: &RawRecord<'_>,
+    strict_partitions: Option<u32>,
+    max_value_bytes: usize,
+) -> Result<Decoded, Refusal> {
+    decode_inner(raw, strict_partitions, max_value_bytes, true)
+}
+
+fn decode_inner(
+    raw: &RawRecord<'_>,
+    strict_partitions: Option<u32>,
+    max_value_bytes: usize,
+    with_effects: bool,
 ) -> Result<Decoded, Refusal> {
     let key = raw.key.filter(|k| !k.is_empty()).ok_or_else(|| {
         refuse(
@@ -167,6 +192,7 @@ pub fn decode(
             .map_err(|_| refuse("bad_content_type", "content-type is not ASCII"))?
             .trim(),
     };
+    let mut effects = Vec::new();
     let mut events = if content_type.eq_ignore_ascii_case(PROTOBUF) {
         let ev = TwinEvent::decode(value)
             .map_err(|e| refuse("bad_value", format!("not a palisade.v1.TwinEvent: {e}")))?;
@@ -204,10 +230,21 @@ pub fn decode(
             .to_ascii_lowercase()
             .starts_with("application/json;")
     {
-        parse_events(value, default_id).map_err(|e| Refusal {
-            reason: e.kind,
-            detail: e.message,
-        })?
+        let (events, declared) =
+            parse_events_with_effects(value, default_id).map_err(|e| Refusal {
+                reason: e.kind,
+                detail: e.message,
+            })?;
+        if declared.iter().any(|e| !e.is_empty()) {
+            if !with_effects {
+                return Err(refuse(
+                    "bad_effects",
+                    "effects are accepted by the HTTP append only (docs/outbox.md)",
+                ));
+            }
+            effects = declared;
+        }
+        events
     } else {
         return Err(refuse(
             "bad_content_type",
@@ -223,6 +260,7 @@ pub fn decode(
         twin,
         token,
         events,
+        effects,
     })
 }
 
@@ -372,6 +410,31 @@ mod tests {
             ("hlc", Some(&b"soon"[..])),
         ];
         assert_eq!(reason(Some(k.as_bytes()), Some(&v), &hl), "bad_hlc");
+    }
+
+    #[test]
+    fn effects_are_kept_only_when_asked_for() {
+        let k = key_in(1);
+        let j = br#"[{"type":"a","patch":{},"effects":[{"kind":"webhook","url":"http://h/x","body":1}]},{"type":"b","patch":{}}]"#;
+        let h = [
+            ("fencing-token", Some(&b"9"[..])),
+            ("content-type", Some(&b"application/json"[..])),
+        ];
+        let r = raw(Some(k.as_bytes()), Some(j), &h);
+        assert_eq!(
+            decode(&r, Some(N), 1 << 20).unwrap_err().reason,
+            "bad_effects"
+        );
+        let d = decode_with_effects(&r, Some(N), 1 << 20).unwrap();
+        assert_eq!(d.effects.len(), 2);
+        assert_eq!(d.effects[0][0].url, "http://h/x");
+        assert!(d.effects[1].is_empty());
+        let plain = br#"{"type":"a","patch":{}}"#;
+        let r = raw(Some(k.as_bytes()), Some(plain), &h);
+        assert!(decode_with_effects(&r, Some(N), 1 << 20)
+            .unwrap()
+            .effects
+            .is_empty());
     }
 
     #[test]

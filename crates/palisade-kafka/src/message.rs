@@ -47,6 +47,32 @@ pub(crate) fn to_record(
             twin: d.twin,
             token: d.token,
             events: d.events,
+            effects: d.effects,
+            if_match: None,
+        },
+        Err(refusal) => dead_letter(msg, &headers, refusal),
+    }
+}
+
+/// [`to_record`] keeping the effects of a JSON record's events: for the
+/// records cluster nodes produce for HTTP appends (the fenced outbox in
+/// cluster mode, `docs/outbox.md`).
+pub(crate) fn to_record_with_effects(
+    msg: &BorrowedMessage<'_>,
+    strict_partitions: Option<u32>,
+    max_value_bytes: usize,
+) -> IngestRecord {
+    let headers = headers_of(msg);
+    match crate::decode::decode_with_effects(
+        &raw_of(msg, &headers),
+        strict_partitions,
+        max_value_bytes,
+    ) {
+        Ok(d) => IngestRecord::Append {
+            twin: d.twin,
+            token: d.token,
+            events: d.events,
+            effects: d.effects,
             if_match: None,
         },
         Err(refusal) => dead_letter(msg, &headers, refusal),
@@ -73,6 +99,7 @@ pub(crate) fn to_record_as(
             twin: d.twin,
             token: d.token,
             events: d.events,
+            effects: d.effects,
             if_match: None,
         },
         Err(refusal) => dead_letter(msg, &headers, refusal),

@@ -175,6 +175,7 @@ pub(crate) fn check_record(
         token,
         events,
         if_match,
+        effects,
     } = record
     else {
         return record;
@@ -185,6 +186,7 @@ pub(crate) fn check_record(
         twin,
         token,
         events,
+        effects,
     };
     match auth.check(&raw, &decoded) {
         Ok(()) => IngestRecord::Append {
@@ -192,6 +194,7 @@ pub(crate) fn check_record(
             token: decoded.token,
             events: decoded.events,
             if_match,
+            effects: decoded.effects,
         },
         Err(refusal) => crate::message::dead_letter(msg, &headers, refusal),
     }

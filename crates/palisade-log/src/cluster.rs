@@ -36,7 +36,10 @@ pub enum BackendError {
 }
 
 /// Cluster mode: where [`Store::append`] sends appends instead of the
-/// partition writer (produce to Kafka, answer once applied).
+/// partition writer (produce to Kafka, answer once applied). `effects` as
+/// [`Store::append_with_effects`] takes them (empty, or one list per
+/// event): they travel in the record, and the applying node records them
+/// in the outbox in the event's fenced round.
 pub trait AppendRoute: Send + Sync + std::fmt::Debug {
     /// Append for `principal` (authentication on), as
     /// [`Store::append_for`](crate::Store::append_for).
@@ -46,8 +49,19 @@ pub trait AppendRoute: Send + Sync + std::fmt::Debug {
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
         if_match: Option<u64>,
     ) -> BoxFuture<'_, Result<Appended, AppendError>>;
+
+    /// Remove a dead outbox effect through the partition's log (a
+    /// `palisade-control: outbox-remove` record every node applies); the
+    /// entry as it was.
+    fn remove_dead_effect(
+        &self,
+        partition: u32,
+        seq: u64,
+        index: u16,
+    ) -> BoxFuture<'_, Result<crate::OutboxEntry, crate::OutboxRemoveError>>;
 }
 
 /// Tree of cluster-mode state: each partition's owner fence.

@@ -141,3 +141,28 @@ pub enum ReadError {
     #[error("damaged record under key {key:02x?}: {source}")]
     Damaged { key: Vec<u8>, source: CodecError },
 }
+
+/// Why a dead outbox effect was not removed ([`crate::Store::outbox_remove_dead`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxRemoveError {
+    #[error("no outbox effect at partition {partition}, seq {seq}, index {index}")]
+    NotFound {
+        partition: u32,
+        seq: u64,
+        index: u16,
+    },
+    /// Only dead effects are removed: a pending one is still being
+    /// delivered, a delivered one goes by the retention.
+    #[error("the effect is {state}, not dead: only dead effects can be removed")]
+    NotDead { state: &'static str },
+    /// Cluster mode: delivery states come from the partition's log, so a
+    /// removal would have to be a record of it (not built).
+    /// Cluster mode: this node does not serve the effect's partition (ask
+    /// its owner), or lost it before the removal was applied.
+    #[error("{0}")]
+    NotServing(String),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Storage(#[from] crate::StorageFailure),
+}

@@ -76,6 +76,10 @@ pub enum IngestRecord {
         /// (`VersionMismatch`, kept as a dead letter). `None`: unconditional
         /// (every worker record).
         if_match: Option<u64>,
+        /// Each event's effects (the fenced outbox), aligned with
+        /// `events`; empty for none. Only the records cluster nodes
+        /// produce for HTTP appends carry any (`docs/outbox.md`).
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
     },
     /// A record that could not be turned into an append (no key, no token,
     /// undecodable value, too large ...).

@@ -75,14 +75,16 @@ pub use audit::{
 pub use clock::SystemClock;
 pub use cluster::{AppendRoute, BackendError};
 pub use commit::{CommitHooks, RecoverError, StorageFailure};
-pub use error::{AppendError, LeaseOpError, OpenError, ReadError};
+pub use error::{AppendError, LeaseOpError, OpenError, OutboxRemoveError, ReadError};
 pub use ingest::{
     DeadLetter, IngestOutcome, IngestRecord, Origin, Rejection, Source, DEAD_LETTERS_PER_PARTITION,
     DEAD_LETTER_VALUE_BYTES, REJECTION_LOG_LEN,
 };
 pub use leases::LeaseBackend;
 pub use metrics::Metrics;
-pub use outbox::{DeliveryState, OutboxEntry};
+pub use outbox::{
+    parse_removal, removal_json, DeliveryState, OutboxCounts, OutboxEntry, OutboxOutcome,
+};
 pub use read::{AsOf, PartitionInfo, TwinView};
 pub use refusals::{payload_digest, Refusal, RefusalSource, DEFAULT_REFUSALS_PER_PARTITION};
 pub use store::{Store, StoreConfig, DEFAULT_PARTITIONS, MAX_PARTITIONS};

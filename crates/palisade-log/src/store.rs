@@ -431,7 +431,8 @@ impl Store {
     /// `events[i]`; an empty `effects` for none): recorded in the outbox in
     /// the same fenced commit as the events, only if the append is
     /// admitted, and only for events that are not duplicates
-    /// (`outbox.rs`). Cluster mode does not take effects yet (`bad_event`).
+    /// (`outbox.rs`). In cluster mode they travel with the events in the
+    /// partition's Kafka record ([`crate::AppendRoute`]).
     pub async fn append_with_effects(
         &self,
         twin: TwinId,
@@ -468,13 +469,15 @@ impl Store {
             )));
         }
         if let Some(route) = self.append_route.get() {
-            if effects.iter().any(|e| !e.is_empty()) {
-                return Err(AppendError::BadEvent(
-                    "effects are not supported in cluster mode yet (docs/outbox.md)".into(),
-                ));
-            }
             return route
-                .append(principal.map(str::to_owned), twin, token, events, if_match)
+                .append(
+                    principal.map(str::to_owned),
+                    twin,
+                    token,
+                    events,
+                    effects,
+                    if_match,
+                )
                 .await;
         }
         let p = self.partition_of(&twin);
@@ -789,6 +792,30 @@ impl Store {
         Ok(n)
     }
 
+    /// How many outbox entries are in each state (one scan of the outbox;
+    /// delivered entries are bounded by the dispatcher's retention,
+    /// `--outbox-keep-delivered` per partition).
+    pub fn outbox_counts(&self) -> Result<crate::outbox::OutboxCounts, crate::ReadError> {
+        use crate::outbox::DeliveryState;
+        let mut c = crate::outbox::OutboxCounts::default();
+        for kv in self.trees.outbox.iter() {
+            match decode_outbox(kv?)?.state {
+                DeliveryState::Pending => c.pending += 1,
+                DeliveryState::Delivered => c.delivered += 1,
+                DeliveryState::Dead => c.dead += 1,
+            }
+        }
+        Ok(c)
+    }
+
+    /// [`Store::outbox_counts`] on tokio's blocking pool.
+    pub async fn outbox_counts_async(
+        self: &Arc<Self>,
+    ) -> Result<crate::outbox::OutboxCounts, crate::ReadError> {
+        let store = self.clone();
+        crate::read::off_worker(move || store.outbox_counts()).await
+    }
+
     /// [`Store::outbox_list`] on tokio's blocking pool.
     pub async fn outbox_list_async(
         self: &Arc<Self>,
@@ -855,6 +882,159 @@ impl Store {
         })
         .map_err(|_| closed())?;
         rx.await.map_err(|_| closed())?
+    }
+
+    /// Remove partition `p`'s delivered outbox entries but the newest
+    /// `keep` (in key order: the latest events'), through the commit path,
+    /// waiting until the removal is durable; how many were removed. Dead
+    /// and pending entries are never removed here. A delivered entry is
+    /// final (nothing rewrites it: the dispatcher works on pending entries
+    /// only, and in cluster mode an outcome for a missing entry is
+    /// ignored), so removing it races nothing.
+    pub async fn outbox_prune(
+        self: &Arc<Self>,
+        p: PartitionId,
+        keep: usize,
+    ) -> Result<usize, StorageFailure> {
+        use crate::outbox::{key, DeliveryState};
+        let store = self.clone();
+        let delivered = crate::read::off_worker(move || {
+            let range = key(p.0, 0, 0)..=key(p.0, u64::MAX, u16::MAX);
+            let mut keys = Vec::new();
+            for kv in store.trees.outbox.range(range) {
+                let kv = kv?;
+                if decode_outbox(kv.clone())?.state == DeliveryState::Delivered {
+                    keys.push(kv.0.to_vec());
+                }
+            }
+            Ok::<_, crate::ReadError>(keys)
+        })
+        .await
+        .map_err(|e| {
+            StorageFailure::new(
+                "outbox read",
+                std::io::ErrorKind::InvalidData,
+                e.to_string(),
+            )
+        })?;
+        let surplus = delivered.len().saturating_sub(keep);
+        for chunk in delivered[..surplus].chunks(PRUNE_CHUNK) {
+            let (reply, rx) = oneshot::channel();
+            let writes = chunk
+                .iter()
+                .map(|k| crate::writer::RawWrite {
+                    tree: crate::wal::TreeId::OUTBOX,
+                    key: k.clone(),
+                    value: None,
+                })
+                .collect();
+            self.send(Command::Write {
+                writes,
+                reply: Some(reply),
+            })
+            .map_err(|_| closed_failure())?;
+            rx.await.map_err(|_| closed_failure())??;
+        }
+        Ok(surplus)
+    }
+
+    /// Remove a dead outbox effect (an operator has dealt with it); the
+    /// entry as it was. On one node through the commit path, once durable;
+    /// in cluster mode through the partition's log
+    /// ([`crate::AppendRoute::remove_dead_effect`]).
+    pub async fn outbox_remove_dead(
+        &self,
+        p: PartitionId,
+        seq: u64,
+        index: u16,
+    ) -> Result<crate::outbox::OutboxEntry, crate::OutboxRemoveError> {
+        if let Some(route) = self.append_route.get() {
+            return route.remove_dead_effect(p.0, seq, index).await;
+        }
+        self.outbox_remove_local(p, seq, index).await
+    }
+
+    /// Remove a dead outbox effect from this store through the commit path,
+    /// once durable (cluster mode: what applying an `outbox-remove` record
+    /// does). Only dead entries: nothing else rewrites them (the dispatcher
+    /// works on pending ones, retention on delivered ones; in cluster mode
+    /// the consumer applies records one at a time), so this
+    /// read-then-remove races nothing.
+    pub async fn outbox_remove_local(
+        &self,
+        p: PartitionId,
+        seq: u64,
+        index: u16,
+    ) -> Result<crate::outbox::OutboxEntry, crate::OutboxRemoveError> {
+        use crate::OutboxRemoveError as E;
+        let entry = self.outbox_get(p, seq, index)?.ok_or(E::NotFound {
+            partition: p.0,
+            seq,
+            index,
+        })?;
+        if entry.state != crate::outbox::DeliveryState::Dead {
+            return Err(E::NotDead {
+                state: entry.state.name(),
+            });
+        }
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Write {
+            writes: vec![crate::writer::RawWrite {
+                tree: crate::wal::TreeId::OUTBOX,
+                key: entry.key().to_vec(),
+                value: None,
+            }],
+            reply: Some(reply),
+        })
+        .map_err(|_| closed_failure())?;
+        rx.await.map_err(|_| closed_failure())??;
+        Ok(entry)
+    }
+
+    /// One outbox entry, as durable now.
+    pub fn outbox_get(
+        &self,
+        p: PartitionId,
+        seq: u64,
+        index: u16,
+    ) -> Result<Option<crate::outbox::OutboxEntry>, crate::ReadError> {
+        let k = crate::outbox::key(p.0, seq, index);
+        match self.trees.outbox.get(k)? {
+            Some(v) => decode_outbox((k.to_vec().into(), v)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Cluster mode: apply a delivery outcome read from the partition's
+    /// log (`palisade-control: outbox`) to the entry it names, through the
+    /// commit path, and wait until it is durable. Merged by
+    /// [`crate::OutboxOutcome::merge_into`] (states only move forward), so
+    /// applying the log's outcomes in order gives every node the same
+    /// outbox. `Ok(false)`: nothing changed (an older outcome, or no such
+    /// entry). The cluster consumer is the only writer of outbox states in
+    /// cluster mode, one record at a time, so this read-merge-write does
+    /// not race another.
+    pub async fn outbox_settle(
+        &self,
+        outcome: &crate::outbox::OutboxOutcome,
+    ) -> Result<bool, StorageFailure> {
+        let entry = self
+            .outbox_get(PartitionId(outcome.partition), outcome.seq, outcome.index)
+            .map_err(|e| {
+                StorageFailure::new(
+                    "outbox read",
+                    std::io::ErrorKind::InvalidData,
+                    e.to_string(),
+                )
+            })?;
+        let Some(mut entry) = entry else {
+            return Ok(false);
+        };
+        if !outcome.merge_into(&mut entry) {
+            return Ok(false);
+        }
+        self.outbox_update(&entry).await?;
+        Ok(true)
     }
 
     /// Stop the sequencer after it decides what is queued, let the committer
@@ -932,6 +1112,18 @@ pub(crate) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, SledO
 /// so (`config.rs`, `try_lock`), wrapping the `WouldBlock` of `flock`.
 fn is_lock_held(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::Other && e.to_string().starts_with("could not acquire lock")
+}
+
+/// Delivered outbox entries removed per commit round by
+/// [`Store::outbox_prune`].
+const PRUNE_CHUNK: usize = 4096;
+
+fn closed_failure() -> StorageFailure {
+    StorageFailure::new(
+        "closed",
+        std::io::ErrorKind::BrokenPipe,
+        "the store is shutting down".into(),
+    )
 }
 
 /// How long [`Store::close`] waits for the last round and checkpoint.

@@ -679,6 +679,7 @@ impl Sequencer {
                 token,
                 events,
                 if_match,
+                effects,
             } => {
                 let p = partition_for(&twin, self.partitions());
                 let (part, ops) = self.touch(p.0 as usize);
@@ -687,7 +688,7 @@ impl Sequencer {
                     token,
                     events,
                     if_match,
-                    effects: Vec::new(),
+                    effects,
                 };
                 match part.append(ops, &req, Some(named)) {
                     Ok(a) => IngestOutcome::Applied(a),

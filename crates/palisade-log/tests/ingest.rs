@@ -35,6 +35,7 @@ fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
             hlc: None,
         }],
         if_match: None,
+        effects: Vec::new(),
     }
 }
 
@@ -218,6 +219,7 @@ async fn a_record_expecting_a_version_applies_only_at_that_version() {
             twin,
             token,
             events,
+            effects: Vec::new(),
             if_match: Some(v),
         },
         other => other,

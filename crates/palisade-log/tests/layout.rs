@@ -234,6 +234,7 @@ async fn ingest_batches_apply_in_order_and_store_the_last_offset() {
         token,
         events: vec![ev(id, 0)],
         if_match: None,
+        effects: Vec::new(),
     };
     let outcomes = store
         .enqueue_ingest_batch(

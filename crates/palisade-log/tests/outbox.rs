@@ -4,7 +4,9 @@
 //! `fdatasync` (held by a test hook), neither `outbox_list` nor
 //! `outbox_pending` (what the dispatcher reads) shows the effects; once the
 //! round is synced and applied they are there. A backup keeps the outbox
-//! with its delivery states. `docs/outbox.md`.
+//! with its delivery states. Cluster mode's part (decision 0035): effects
+//! of ingested records are fenced like an append's, and delivery outcomes
+//! merge forward, the same on every store. `docs/outbox.md`.
 
 mod support;
 
@@ -193,18 +195,18 @@ async fn a_backup_keeps_the_outbox_and_its_delivery_states() {
     store.close().await;
 }
 
-/// Cluster mode routes appends through the partition's Kafka log, which
-/// carries no effects yet: an append with effects is refused
-/// (`bad_event`) before it is routed, so nothing is written anywhere and
-/// the effects are not silently dropped; one without effects is routed.
+/// Cluster mode routes appends through the partition's Kafka log: the
+/// effects go to the route with their events (the node carries them in the
+/// record, and the applying node records them), and nothing is recorded
+/// locally before the record is applied.
 #[tokio::test]
-async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
+async fn cluster_routed_appends_hand_their_effects_to_the_route() {
     use palisade_core::{BoxFuture, FencingToken};
     use palisade_log::{AppendError, AppendRoute, Appended};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     #[derive(Debug, Default)]
-    struct Route(AtomicUsize);
+    struct Route(Mutex<Vec<Vec<Vec<Effect>>>>);
     impl AppendRoute for Route {
         fn append(
             &self,
@@ -212,10 +214,21 @@ async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
             _twin: TwinId,
             _token: FencingToken,
             _events: Vec<NewEvent>,
+            effects: Vec<Vec<Effect>>,
             _if_match: Option<u64>,
         ) -> BoxFuture<'_, Result<Appended, AppendError>> {
-            self.0.fetch_add(1, Ordering::SeqCst);
+            self.0.lock().unwrap().push(effects);
             Box::pin(async { Err(AppendError::Closed) })
+        }
+
+        fn remove_dead_effect(
+            &self,
+            _partition: u32,
+            _seq: u64,
+            _index: u16,
+        ) -> BoxFuture<'_, Result<palisade_log::OutboxEntry, palisade_log::OutboxRemoveError>>
+        {
+            Box::pin(async { Err(palisade_log::OutboxRemoveError::NotServing("fake".into())) })
         }
     }
     let dir = tempfile::tempdir().unwrap();
@@ -240,21 +253,163 @@ async fn cluster_routed_appends_refuse_effects_instead_of_dropping_them() {
             twin.clone(),
             FencingToken(1),
             vec![ev()],
-            vec![vec![effect]],
+            vec![vec![effect.clone()]],
             None,
         )
         .await;
-    match r {
-        Err(AppendError::BadEvent(m)) => assert!(m.contains("cluster mode"), "{m}"),
-        other => panic!("expected bad_event, got {other:?}"),
-    }
-    assert_eq!(route.0.load(Ordering::SeqCst), 0);
-    // Without effects (or with empty lists) the append is routed.
-    let r = store
-        .append_with_effects(twin, FencingToken(1), vec![ev()], vec![vec![]], None)
-        .await;
     assert!(matches!(r, Err(AppendError::Closed)), "{r:?}");
-    assert_eq!(route.0.load(Ordering::SeqCst), 1);
+    // A mismatched effects list is refused before it is routed.
+    let r = store
+        .append_with_effects(
+            twin,
+            FencingToken(1),
+            vec![ev()],
+            vec![vec![], vec![]],
+            None,
+        )
+        .await;
+    assert!(matches!(r, Err(AppendError::BadEvent(_))), "{r:?}");
+    assert_eq!(*route.0.lock().unwrap(), vec![vec![vec![effect]]]);
+    // Removing a dead effect goes to the route too (a record of the log).
+    let r = store
+        .outbox_remove_dead(palisade_core::PartitionId(0), 1, 0)
+        .await;
+    assert!(
+        matches!(&r, Err(palisade_log::OutboxRemoveError::NotServing(m)) if m == "fake"),
+        "{r:?}"
+    );
     assert!(store.outbox_list(None, 10).unwrap().is_empty());
     store.close().await;
+}
+
+/// Cluster mode's side of the outbox at the log level (decision 0035): a
+/// Kafka record's effects are recorded by the writer in the event's fenced
+/// round (a stale record's are not), and delivery outcomes read from the
+/// log are merged forward: applying the same outcomes in the same order
+/// on two fresh stores gives the same outbox, and a late, older outcome
+/// changes nothing.
+#[tokio::test]
+async fn ingested_effects_are_fenced_and_outcomes_merge_the_same_on_every_store() {
+    use palisade_core::FencingToken;
+    use palisade_log::{DeliveryState, IngestOutcome, IngestRecord, OutboxOutcome, Source};
+
+    let effect = |url: &str| Effect {
+        kind: EffectKind::Webhook,
+        url: url.into(),
+        body: "{}".into(),
+        headers: Vec::new(),
+    };
+    let ev = |id: &str| NewEvent {
+        event_id: id.into(),
+        event_type: "t".into(),
+        patch: serde_json::Map::new(),
+        hlc: None,
+    };
+    let rec = |token: FencingToken, id: &str, url: &str| IngestRecord::Append {
+        twin: TwinId::new("k-1").unwrap(),
+        token,
+        events: vec![ev(id)],
+        effects: vec![vec![effect(url)]],
+        if_match: None,
+    };
+    let src = Source::new("t", 0);
+    let mut outboxes = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            Store::open(
+                dir.path(),
+                StoreConfig {
+                    partitions: Some(1),
+                    ..StoreConfig::default()
+                },
+            )
+            .unwrap(),
+        );
+        let twin = TwinId::new("k-1").unwrap();
+        let a = support::twin_lease(&store, &twin, "a").await.unwrap();
+        let old = a.token;
+        store.release(a.id).await.unwrap();
+        let new = support::twin_lease(&store, &twin, "b").await.unwrap().token;
+        let ingest = |offset: u64, r: IngestRecord| {
+            let (store, src) = (store.clone(), src.clone());
+            async move {
+                store
+                    .enqueue_ingest(&src, offset, r)
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap()
+                    .unwrap()
+            }
+        };
+        assert!(matches!(
+            ingest(0, rec(new, "e1", "http://h/1")).await,
+            IngestOutcome::Applied(_)
+        ));
+        // A superseded writer's record: dropped, its effect never recorded.
+        assert!(matches!(
+            ingest(1, rec(old, "late", "http://h/late")).await,
+            IngestOutcome::Dropped(_)
+        ));
+        assert!(matches!(
+            ingest(2, rec(new, "e2", "http://h/2")).await,
+            IngestOutcome::Applied(_)
+        ));
+        let entries = store.outbox_list(None, 10).unwrap();
+        let ids: Vec<&str> = entries.iter().map(|e| e.event_id.as_str()).collect();
+        assert_eq!(ids, ["e1", "e2"]);
+        // Outcomes as the log carries them: e1 failed once then delivered;
+        // a late "failed" report of e1 (a former owner's) arrives last.
+        let o = |e: &palisade_log::OutboxEntry, state, attempts| OutboxOutcome {
+            state,
+            attempts,
+            last_error: (state == DeliveryState::Pending).then(|| "500".to_owned()),
+            updated_at_ms: u64::from(attempts),
+            ..OutboxOutcome::of(e)
+        };
+        let log = [
+            o(&entries[0], DeliveryState::Pending, 1),
+            o(&entries[0], DeliveryState::Delivered, 2),
+            o(&entries[1], DeliveryState::Dead, 3),
+            o(&entries[0], DeliveryState::Pending, 5),
+        ];
+        let changed: Vec<bool> = {
+            let mut v = Vec::new();
+            for outcome in &log {
+                v.push(store.outbox_settle(outcome).await.unwrap());
+            }
+            v
+        };
+        assert_eq!(changed, [true, true, true, false]);
+        let after = store.outbox_list(None, 10).unwrap();
+        assert_eq!(
+            after
+                .iter()
+                .map(|e| (e.state, e.attempts))
+                .collect::<Vec<_>>(),
+            [(DeliveryState::Delivered, 2), (DeliveryState::Dead, 3)]
+        );
+        outboxes.push(
+            after
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.partition,
+                        e.seq,
+                        e.index,
+                        e.event_id,
+                        e.state,
+                        e.attempts,
+                        e.last_error,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+        store.close().await;
+    }
+    assert_eq!(
+        outboxes[0], outboxes[1],
+        "two stores applying one log disagree"
+    );
 }

@@ -60,6 +60,7 @@ fn rec(twin: &TwinId, token: FencingToken, id: &str) -> IngestRecord {
         token,
         events: vec![ev(id)],
         if_match: None,
+        effects: Vec::new(),
     }
 }
 
@@ -206,6 +207,7 @@ async fn records_are_routed_by_key_whatever_their_source_partition() {
         token: tokens[0],
         events: vec![ev("late-1"), ev("late-2")],
         if_match: None,
+        effects: Vec::new(),
     };
     let dead = IngestRecord::Dead(DeadLetter {
         partition: 0,
@@ -226,6 +228,7 @@ async fn records_are_routed_by_key_whatever_their_source_partition() {
             ..ev("ctrl")
         }],
         if_match: None,
+        effects: Vec::new(),
     };
     let out = batch(
         &store,

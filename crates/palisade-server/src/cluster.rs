@@ -23,12 +23,15 @@ use palisade_etcd::{EtcdAuthority, EtcdConfig};
 use palisade_http::auth::Auth;
 use palisade_http::cluster::{ClusterRouting, Holding, Peer, Route};
 use palisade_kafka::cluster::{
-    Admission, Applied, Ownership, CONTROL_HEADER, IF_MATCH_HEADER, NODE_HEADER,
-    OWNER_TOKEN_HEADER, STALE_OWNER,
+    Admission, Applied, Ownership, CONTROL_HEADER, IF_MATCH_HEADER, NODE_HEADER, OUTBOX_CONTROL,
+    OUTBOX_REMOVE_CONTROL, OWNER_TOKEN_HEADER, STALE_OWNER,
 };
 use palisade_kafka::KafkaLog;
 use palisade_lease::RemoteAuthority;
-use palisade_log::{AppendError, AppendRoute, Appended, IngestOutcome, LeaseBackend, Store};
+use palisade_log::{
+    AppendError, AppendRoute, Appended, IngestOutcome, LeaseBackend, OutboxEntry, OutboxOutcome,
+    Store,
+};
 use reqwest::header::HeaderValue;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -417,6 +420,7 @@ impl Node {
         twin: TwinId,
         token: FencingToken,
         mut events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
         if_match: Option<u64>,
     ) -> Result<Appended, AppendError> {
         let p = self.store.partition_of(&twin).0;
@@ -430,17 +434,26 @@ impl Node {
         // before its fence, and only it knows the scope; a stale append costs
         // one record in the log and gets the same 409 as on one node.
         // Fix every HLC now, so that every node replaying the record
-        // computes the same state.
+        // computes the same state. Effects travel with their event: the
+        // applying node records them in the event's fenced round.
         let body: Vec<serde_json::Value> = events
             .iter_mut()
-            .map(|e| {
+            .enumerate()
+            .map(|(i, e)| {
                 let h = *e.hlc.get_or_insert_with(|| self.store.clock().now());
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "type": e.event_type,
                     "patch": e.patch,
                     "event_id": e.event_id,
                     "hlc": h.to_string(),
-                })
+                });
+                if let Some(list) = effects.get(i).filter(|l| !l.is_empty()) {
+                    v["effects"] = list
+                        .iter()
+                        .map(palisade_core::effect::Effect::to_json)
+                        .collect();
+                }
+                v
             })
             .collect();
         let value = serde_json::to_vec(&body).map_err(|e| AppendError::BadEvent(e.to_string()))?;
@@ -532,6 +545,51 @@ impl Node {
             &[],
             1,
         );
+    }
+}
+
+/// The outbox dispatcher's side of ownership (`outbox.rs`): only the node
+/// serving a partition delivers its effects, and each try's outcome is a
+/// `palisade-control: outbox` record of the partition, applied by every
+/// node (`docs/decisions/0035-outbox-in-cluster-mode.md`).
+impl crate::outbox::Dispatch for Node {
+    fn may_dispatch(&self, partition: u32) -> bool {
+        lock(&self.machine)
+            .serving(partition, self.clock.now())
+            .is_some()
+    }
+
+    fn ownership_changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changed.subscribe())
+    }
+
+    fn record<'a>(&'a self, entry: &'a OutboxEntry) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let p = entry.partition;
+            let Some(owner) = lock(&self.machine).serving(p, self.clock.now()) else {
+                return Err(format!("node {} no longer serves partition {p}", self.id));
+            };
+            let headers = vec![
+                (CONTROL_HEADER, OUTBOX_CONTROL.to_owned()),
+                (OWNER_TOKEN_HEADER, owner.token.0.to_string()),
+                (NODE_HEADER, self.id.clone()),
+            ];
+            let value = OutboxOutcome::of(entry).to_json();
+            let offset = self
+                .log
+                .produce(p, None, value, headers)
+                .await
+                .map_err(|e| format!("outcome record not produced: {e}"))?;
+            // Applied by this node's own consumer (in log order, after the
+            // entry's event) before the dispatcher moves on.
+            match self.outcome(p, offset).await {
+                Some(Applied::Control) => Ok(()),
+                Some(other) => Err(format!("the outcome record was handled as {other:?}")),
+                None => Err(format!(
+                    "partition {p} moved before the outcome record at offset {offset} was applied here"
+                )),
+            }
+        })
     }
 }
 
@@ -767,8 +825,68 @@ impl AppendRoute for Node {
         twin: TwinId,
         token: FencingToken,
         events: Vec<NewEvent>,
+        effects: Vec<Vec<palisade_core::effect::Effect>>,
         if_match: Option<u64>,
     ) -> BoxFuture<'_, Result<Appended, AppendError>> {
-        Box::pin(self.append_via_kafka(principal, twin, token, events, if_match))
+        Box::pin(self.append_via_kafka(principal, twin, token, events, effects, if_match))
+    }
+
+    /// Checked on this node's copy (it must serve the partition), then a
+    /// `palisade-control: outbox-remove` record every node applies.
+    fn remove_dead_effect(
+        &self,
+        partition: u32,
+        seq: u64,
+        index: u16,
+    ) -> BoxFuture<'_, Result<OutboxEntry, palisade_log::OutboxRemoveError>> {
+        use palisade_log::OutboxRemoveError as E;
+        Box::pin(async move {
+            let Some(owner) = lock(&self.machine).serving(partition, self.clock.now()) else {
+                return Err(E::NotServing(format!(
+                    "node {} does not serve partition {partition}; ask its owner (GET /v1/twins/<a twin of it> names it)",
+                    self.id
+                )));
+            };
+            let p = palisade_core::PartitionId(partition);
+            let entry = self.store.outbox_get(p, seq, index)?.ok_or(E::NotFound {
+                partition,
+                seq,
+                index,
+            })?;
+            if entry.state != palisade_log::DeliveryState::Dead {
+                return Err(E::NotDead {
+                    state: entry.state.name(),
+                });
+            }
+            let headers = vec![
+                (CONTROL_HEADER, OUTBOX_REMOVE_CONTROL.to_owned()),
+                (OWNER_TOKEN_HEADER, owner.token.0.to_string()),
+                (NODE_HEADER, self.id.clone()),
+            ];
+            let offset = self
+                .log
+                .produce(
+                    partition,
+                    None,
+                    palisade_log::removal_json(partition, seq, index),
+                    headers,
+                )
+                .await
+                .map_err(|e| E::NotServing(format!("removal record not produced: {e}")))?;
+            match self.outcome(partition, offset).await {
+                Some(Applied::Control) => {}
+                _ => {
+                    return Err(E::NotServing(format!(
+                        "partition {partition} moved before the removal at offset {offset} was applied here; it is applied by whoever applies the log"
+                    )))
+                }
+            }
+            match self.store.outbox_get(p, seq, index)? {
+                None => Ok(entry),
+                Some(now) => Err(E::NotDead {
+                    state: now.state.name(),
+                }),
+            }
+        })
     }
 }

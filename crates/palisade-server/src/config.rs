@@ -75,6 +75,16 @@ pub struct ServeConfig {
     /// (1..=3600000).
     #[arg(long, env = "PALISADE_OUTBOX_TIMEOUT_MS", default_value_t = 10_000, value_parser = bounds::parser::<u64>(bounds::OUTBOX_BACKOFF_MS))]
     pub outbox_timeout_ms: u64,
+    /// Outbox: delivered effects kept per partition (the newest); older
+    /// ones are removed through the commit path. Dead and pending effects
+    /// are never removed (0..=100000000; docs/outbox.md).
+    #[arg(long, env = "PALISADE_OUTBOX_KEEP_DELIVERED", default_value_t = 1000, value_parser = bounds::parser::<u64>(bounds::OUTBOX_KEEP_DELIVERED))]
+    pub outbox_keep_delivered: u64,
+    /// Outbox: PEM file of the certificate authorities the dispatcher
+    /// trusts for `https://` effects (one or more certificates). Without
+    /// it no root is trusted and https effects end dead (docs/outbox.md).
+    #[arg(long, env = "PALISADE_OUTBOX_CA_FILE", value_name = "PEM")]
+    pub outbox_ca_file: Option<PathBuf>,
     /// sled page cache, in MiB (1..=1048576).
     #[arg(long, env = "PALISADE_CACHE_MB", default_value_t = 256, value_parser = bounds::parser::<u64>(bounds::CACHE_MB))]
     pub cache_mb: u64,
@@ -292,15 +302,18 @@ impl ServeConfig {
         }
     }
 
-    /// The outbox dispatcher's settings.
-    pub fn dispatch_config(&self) -> crate::outbox::DispatchConfig {
+    /// The outbox dispatcher's settings (reads `--outbox-ca-file`: an
+    /// unreadable file, or one without a usable certificate, is an error).
+    pub fn dispatch_config(&self) -> anyhow::Result<crate::outbox::DispatchConfig> {
         let ms = std::time::Duration::from_millis;
-        crate::outbox::DispatchConfig {
+        Ok(crate::outbox::DispatchConfig {
             max_attempts: self.outbox_max_attempts,
             backoff: ms(self.outbox_backoff_ms),
             backoff_max: ms(self.outbox_backoff_max_ms),
             timeout: ms(self.outbox_timeout_ms),
-        }
+            keep_delivered: usize::try_from(self.outbox_keep_delivered).unwrap_or(usize::MAX),
+            roots: crate::outbox::trust_roots(self.outbox_ca_file.as_deref())?,
+        })
     }
 
     pub fn store_config(&self) -> palisade_log::StoreConfig {

@@ -16,16 +16,52 @@
 //! `backoff` up to `backoff_max`; after `max_attempts` failed tries the
 //! effect is `dead`, with its last error, and the partition moves on.
 //!
-//! Single-node only: in cluster mode `palisade serve` does not start it
-//! (see `serve.rs`), since only a partition's owner may dispatch.
+//! Cluster mode (`docs/decisions/0035-outbox-in-cluster-mode.md`): a
+//! partition's task works only while its node serves the partition
+//! ([`Dispatch::may_dispatch`]), checks again before each try, abandons a
+//! try in flight the moment ownership goes, and records each outcome as a
+//! `palisade-control: outbox` record of the partition's Kafka log (applied
+//! by every node, so a new owner does not repeat what was confirmed).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_core::PartitionId;
+use palisade_core::{BoxFuture, PartitionId};
 use palisade_log::{DeliveryState, OutboxEntry, Store};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
+
+/// Who may deliver a partition's effects, and how a try's outcome is made
+/// durable: the store itself on one node ([`Local`]), the partition's log
+/// in cluster mode (`cluster::Node`).
+pub trait Dispatch: Send + Sync + 'static {
+    /// Whether this node may deliver partition `p`'s effects now.
+    fn may_dispatch(&self, partition: u32) -> bool;
+    /// Bumped whenever ownership may have changed (`None`: never changes).
+    fn ownership_changes(&self) -> Option<watch::Receiver<u64>>;
+    /// Make `entry`'s new state durable; an error if it could not be (the
+    /// dispatcher then stops working on the partition for a while).
+    fn record<'a>(&'a self, entry: &'a OutboxEntry) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// One node: it dispatches every partition, and records outcomes through
+/// the store's commit path.
+#[derive(Debug)]
+pub struct Local(pub Arc<Store>);
+
+impl Dispatch for Local {
+    fn may_dispatch(&self, _partition: u32) -> bool {
+        true
+    }
+
+    fn ownership_changes(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+
+    fn record<'a>(&'a self, entry: &'a OutboxEntry) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { self.0.outbox_update(entry).await.map_err(|f| f.to_string()) })
+    }
+}
 
 /// Dispatcher settings (`palisade serve --outbox-*`).
 #[derive(Debug, Clone)]
@@ -34,6 +70,48 @@ pub struct DispatchConfig {
     pub backoff: Duration,
     pub backoff_max: Duration,
     pub timeout: Duration,
+    /// Delivered entries kept per partition (the newest); older ones are
+    /// pruned after each drain and every housekeeping round.
+    pub keep_delivered: usize,
+    /// The roots trusted for `https://` effects ([`trust_roots`]).
+    pub roots: Vec<reqwest::Certificate>,
+}
+
+/// The certificate authorities in the PEM file `path` (`--outbox-ca-file`),
+/// the only roots the dispatcher trusts for `https://` effects; none
+/// without it (decision 0036: no system roots). An unreadable file, one
+/// without a certificate, or a certificate rustls refuses is an error.
+pub fn trust_roots(path: Option<&std::path::Path>) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    use anyhow::Context;
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let what = || format!("--outbox-ca-file {}", path.display());
+    let pem = std::fs::read(path).with_context(what)?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem).with_context(what)?;
+    if roots.is_empty() {
+        anyhow::bail!(
+            "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            what()
+        );
+    }
+    // rustls checks each root when the client is built: refuse it now.
+    client(&roots, Duration::from_secs(1)).with_context(what)?;
+    Ok(roots)
+}
+
+/// The dispatcher's HTTP client: no redirects, a timeout per try, and only
+/// `roots` trusted for HTTPS.
+fn client(roots: &[reqwest::Certificate], timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder()
+        .timeout(timeout)
+        // A receiver's redirect is its answer, not a new place to post to.
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_built_in_root_certs(false);
+    for r in roots {
+        b = b.add_root_certificate(r.clone());
+    }
+    b.build()
 }
 
 /// Entries read per scan of a partition.
@@ -41,6 +119,9 @@ const BATCH: usize = 64;
 /// A partition with nothing to do looks again after this (or when its
 /// durable head moves, whichever comes first).
 const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Cluster mode: how often ownership is looked at again without a change
+/// event (an owner lease runs out by the clock, without one).
+const OWNERSHIP_POLL: Duration = Duration::from_millis(200);
 /// Longest error text kept with an entry.
 const MAX_ERROR: usize = 512;
 
@@ -49,14 +130,11 @@ const MAX_ERROR: usize = 512;
 /// next start delivers it again, with the same key).
 pub fn start(
     store: &Arc<Store>,
+    gate: Arc<dyn Dispatch>,
     config: DispatchConfig,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let client = reqwest::Client::builder()
-        .timeout(config.timeout)
-        // A receiver's redirect is its answer, not a new place to post to.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()?;
+    let client = client(&config.roots, config.timeout)?;
     info!(
         partitions = store.partitions(),
         max_attempts = config.max_attempts,
@@ -67,6 +145,7 @@ pub fn start(
         .map(|p| {
             let d = Dispatcher {
                 store: store.clone(),
+                gate: gate.clone(),
                 client: client.clone(),
                 config: config.clone(),
                 partition: PartitionId(p),
@@ -84,6 +163,7 @@ pub fn start(
 
 struct Dispatcher {
     store: Arc<Store>,
+    gate: Arc<dyn Dispatch>,
     client: reqwest::Client,
     config: Arc<DispatchConfig>,
     partition: PartitionId,
@@ -94,24 +174,64 @@ impl Dispatcher {
         let Some(mut head) = self.store.watch_head(self.partition) else {
             return;
         };
-        // Everything at or before the cursor is delivered or dead: entries
-        // are only ever added at higher seqs (a new event's), so each scan
-        // starts after it instead of at the partition's first entry.
-        let mut cursor = None;
         loop {
-            let found = self.drain(&mut cursor).await;
-            if let Some(f) = self.store.failure() {
-                // Fail-stop: no delivery state can be recorded any more, so
-                // every further try would be repeated after the restart.
-                warn!(partition = %self.partition, error = %f,
-                    "outbox: the store stopped after a storage failure; this partition's dispatcher stops until the restart");
-                return;
+            // Cluster mode: wait until this node serves the partition.
+            if !self.may_dispatch() {
+                self.ownership_changed().await;
+                continue;
             }
-            if !found {
-                // Woken by a durable head change (new events, maybe with
-                // effects) or the idle poll.
-                let _ = tokio::time::timeout(IDLE_POLL, head.changed()).await;
+            // Everything at or before the cursor is delivered or dead:
+            // entries are only ever added at higher seqs (a new event's),
+            // so each scan starts after it instead of at the partition's
+            // first entry. Reset on every new tenure (cluster mode: the
+            // partition may have been rebuilt in between).
+            let mut cursor = None;
+            while self.may_dispatch() {
+                let found = self.drain(&mut cursor).await;
+                if let Some(f) = self.store.failure() {
+                    // Fail-stop: no delivery state can be recorded any more, so
+                    // every further try would be repeated after the restart.
+                    warn!(partition = %self.partition, error = %f,
+                        "outbox: the store stopped after a storage failure; this partition's dispatcher stops until the restart");
+                    return;
+                }
+                if !found {
+                    // Woken by a durable head change (new events, maybe with
+                    // effects), an ownership change, or the idle poll.
+                    tokio::select! {
+                        _ = tokio::time::timeout(IDLE_POLL, head.changed()) => {}
+                        () = self.lost() => {}
+                    }
+                }
             }
+        }
+    }
+
+    fn may_dispatch(&self) -> bool {
+        self.gate.may_dispatch(self.partition.0)
+    }
+
+    /// Returns after an ownership change, or a short poll (cluster mode);
+    /// never on one node.
+    async fn ownership_changed(&self) {
+        match self.gate.ownership_changes() {
+            Some(mut changes) => {
+                if tokio::time::timeout(OWNERSHIP_POLL, changes.changed())
+                    .await
+                    .is_ok_and(|r| r.is_err())
+                {
+                    // The node is gone: no change will come.
+                    tokio::time::sleep(OWNERSHIP_POLL).await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Resolves once this node may no longer dispatch the partition.
+    async fn lost(&self) {
+        while self.may_dispatch() {
+            self.ownership_changed().await;
         }
     }
 
@@ -133,6 +253,9 @@ impl Dispatcher {
                 }
             };
             if batch.is_empty() {
+                if found {
+                    prune(&self.store, self.partition, self.config.keep_delivered).await;
+                }
                 return found;
             }
             found = true;
@@ -151,10 +274,32 @@ impl Dispatcher {
     }
 
     /// Try `entry` until it is delivered or dead, recording each outcome
-    /// durably. False if an outcome could not be recorded.
+    /// durably. False if an outcome could not be recorded, or (cluster
+    /// mode) the node no longer serves the partition: the entry stays
+    /// pending for whoever dispatches the partition next.
     async fn deliver(&self, mut entry: OutboxEntry) -> bool {
         loop {
-            let outcome = self.post(&entry).await;
+            // Checked again before every try: only the current owner
+            // delivers.
+            if !self.may_dispatch() {
+                return false;
+            }
+            // The entry as durable now: in cluster mode an outcome record of
+            // a former owner may have settled it since it was read.
+            match self
+                .store
+                .outbox_get(self.partition, entry.seq, entry.index)
+            {
+                Ok(Some(now)) if now.state != DeliveryState::Pending => return true,
+                Ok(Some(now)) => entry = now,
+                Ok(None) | Err(_) => {}
+            }
+            // A try in flight is abandoned the moment ownership goes (it
+            // stays pending; the next owner delivers it, same key).
+            let outcome = tokio::select! {
+                r = self.post(&entry) => r,
+                () = self.lost() => return false,
+            };
             entry.attempts = entry.attempts.saturating_add(1);
             entry.updated_at_ms = now_ms();
             match outcome {
@@ -169,8 +314,9 @@ impl Dispatcher {
                     }
                 }
             }
-            if let Err(f) = self.store.outbox_update(&entry).await {
-                warn!(error = %f, "outbox: a delivery state could not be made durable");
+            if let Err(e) = self.gate.record(&entry).await {
+                warn!(partition = %self.partition, key = %entry.idempotency_key(), error = %e,
+                    "outbox: a delivery state could not be made durable");
                 return false;
             }
             let metrics = self.store.metrics();
@@ -230,7 +376,7 @@ impl Dispatcher {
             .body(e.body.clone())
             .send()
             .await
-            .map_err(|x| format!("{x:#}"))?;
+            .map_err(|x| chain(&x))?;
         let status = resp.status();
         if status.is_success() {
             Ok(())
@@ -250,6 +396,22 @@ fn backoff(config: &DispatchConfig, attempts: u32) -> Duration {
         .min(config.backoff_max)
 }
 
+/// An error and its sources (reqwest's own text leaves out the cause, such
+/// as the certificate a TLS handshake refused).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(c) = source {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        source = c.source();
+    }
+    s
+}
+
 fn truncate(mut s: String) -> String {
     if s.len() > MAX_ERROR {
         let mut end = MAX_ERROR;
@@ -267,22 +429,53 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Count the pending effects into `palisade_outbox_pending` every
-/// `every` (a scan of the outbox).
-pub async fn pending_gauge(store: Arc<Store>, every: Duration) {
+/// Remove `p`'s delivered entries but the newest `keep`, counting them in
+/// `palisade_outbox_pruned_total`.
+async fn prune(store: &Arc<Store>, p: PartitionId, keep: usize) {
+    match store.outbox_prune(p, keep).await {
+        Ok(0) => {}
+        Ok(n) => {
+            store.metrics().add(
+                "palisade_outbox_pruned_total",
+                "Delivered outbox entries removed past --outbox-keep-delivered.",
+                &[],
+                u64::try_from(n).unwrap_or(u64::MAX),
+            );
+            debug!(partition = %p, removed = n, "outbox: delivered entries pruned");
+        }
+        Err(e) => warn!(partition = %p, error = %e, "outbox: pruning failed"),
+    }
+}
+
+/// Every `every`: prune every partition's delivered entries down to
+/// `keep` (also those of partitions a cluster node does not serve), then
+/// count the entries per state into `palisade_outbox_pending` and
+/// `palisade_outbox_dead` (one scan of the outbox, whose delivered entries
+/// the pruning bounds).
+pub async fn housekeeping(store: Arc<Store>, keep: usize, every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        for p in 0..store.partitions() {
+            prune(&store, PartitionId(p), keep).await;
+        }
         let s = store.clone();
-        let n = tokio::task::spawn_blocking(move || s.outbox_count(DeliveryState::Pending)).await;
-        if let Ok(Ok(n)) = n {
+        if let Ok(Ok(c)) = tokio::task::spawn_blocking(move || s.outbox_counts()).await {
             #[allow(clippy::cast_precision_loss)]
-            store.metrics().set_gauge(
-                "palisade_outbox_pending",
-                "Effects recorded and not yet delivered or dead (counted every 10 s).",
-                &[],
-                n as f64,
-            );
+            {
+                store.metrics().set_gauge(
+                    "palisade_outbox_pending",
+                    "Effects recorded and not yet delivered or dead (counted every 10 s).",
+                    &[],
+                    c.pending as f64,
+                );
+                store.metrics().set_gauge(
+                    "palisade_outbox_dead",
+                    "Effects on the dead list (counted every 10 s).",
+                    &[],
+                    c.dead as f64,
+                );
+            }
         }
     }
 }
@@ -298,6 +491,8 @@ mod tests {
             backoff: Duration::from_millis(100),
             backoff_max: Duration::from_millis(1_000),
             timeout: Duration::from_secs(1),
+            keep_delivered: 10,
+            roots: Vec::new(),
         };
         let wait = |n| backoff(&config, n).as_millis();
         assert_eq!(

@@ -22,6 +22,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Security file, TLS and the bind policy (security.rs): checked
     // before anything is created, so a refused start changes nothing.
     let security = crate::security::prepare(&config)?;
+    // The outbox's trust roots too: a bad --outbox-ca-file stops the start
+    // before anything is created.
+    let dispatch = config.dispatch_config()?;
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create data folder {}", config.data.display()))?;
     // The lease authority of the mode, chosen before the store opens: the
@@ -86,19 +89,22 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             r
         })
     });
-    // The outbox dispatcher (outbox.rs): single-node only. In cluster mode
-    // only a partition's owner may dispatch, which is not built yet: the
-    // effects stay recorded and listed, nothing is delivered.
-    let dispatcher = if node.is_some() {
-        warn!("outbox dispatcher off: cluster mode does not dispatch effects yet (docs/outbox.md)");
-        None
-    } else {
-        let tasks = crate::outbox::start(&store, config.dispatch_config(), stop_rx.clone())?;
-        let gauge = tokio::spawn(crate::outbox::pending_gauge(
+    // The outbox dispatcher (outbox.rs): every partition on one node; in
+    // cluster mode only the partitions this node serves, each try's outcome
+    // published on the partition's log (decision 0035).
+    let gate: Arc<dyn crate::outbox::Dispatch> = match &node {
+        Some(n) => n.clone(),
+        None => Arc::new(crate::outbox::Local(store.clone())),
+    };
+    let dispatcher = {
+        let keep = dispatch.keep_delivered;
+        let tasks = crate::outbox::start(&store, gate, dispatch, stop_rx.clone())?;
+        let gauge = tokio::spawn(crate::outbox::housekeeping(
             store.clone(),
+            keep,
             std::time::Duration::from_secs(10),
         ));
-        Some((tasks, gauge))
+        (tasks, gauge)
     };
     // Installed here, before the ready line below: a SIGTERM sent as soon
     // as that line is read must stop the server cleanly, not kill it (the
@@ -137,7 +143,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         )
         .await?;
     sweeper.abort();
-    if let Some((tasks, gauge)) = dispatcher {
+    {
+        let (tasks, gauge) = dispatcher;
         gauge.abort();
         // They end on the stop signal (a try in flight is abandoned and
         // stays pending).

@@ -30,6 +30,8 @@ pub const MAX_BATCH_EVENTS: RangeInclusive<u64> = 1..=100_000;
 pub const SNAPSHOT_EVERY: RangeInclusive<u64> = 1..=1_000_000;
 /// Refusal journal entries kept per partition (decision 0024).
 pub const REFUSALS_PER_PARTITION: RangeInclusive<u64> = 1..=10_000_000;
+/// Delivered outbox entries kept per partition.
+pub const OUTBOX_KEEP_DELIVERED: RangeInclusive<u64> = 0..=100_000_000;
 /// Outbox delivery tries per effect.
 pub const OUTBOX_MAX_ATTEMPTS: RangeInclusive<u64> = 1..=1_000;
 /// Outbox waits and timeouts, in milliseconds (up to an hour).

@@ -253,6 +253,7 @@ pub fn unset_note(key: &str) -> &'static str {
         "kafka_brokers" => "no Kafka ingestion",
         "security" => "authentication off: loopback only",
         "tls_cert" | "tls_key" => "plain HTTP",
+        "outbox_ca_file" => "no root trusted: https effects end dead",
         "kafka_dead_letter_topic" => "dead letters are kept in the store only",
         "etcd_endpoints" => "none (needed by lease_backend = \"etcd\")",
         "cluster_node" => "single-node mode",
