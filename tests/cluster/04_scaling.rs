@@ -10,9 +10,10 @@
 //!
 //! `PALISADE_SCALING_WRITERS` (default 24) lists the numbers of concurrent
 //! writers (HTTP connections), `PALISADE_SCALING_NODES` (default 1,2,3) the
-//! cluster sizes, `PALISADE_SCALING_NODE_ARGS` more `palisade serve`
-//! arguments for the cluster nodes (space-separated, e.g.
-//! `--kafka-setting linger.ms=0`). For each cluster run the table also gives where an
+//! cluster sizes, `PALISADE_SCALING_NODE_ARGS` variants of more `palisade
+//! serve` arguments for the cluster nodes, each measured in the same run:
+//! `NAME=ARGS` separated by `;`, the arguments space-separated (e.g.
+//! `linger 5 ms=--kafka-setting linger.ms=5;default=`). For each cluster run the table also gives where an
 //! append's time went, from the nodes' `/metrics`
 //! (`palisade_cluster_append_stage_microseconds_total`): until the broker
 //! acknowledged the record, then until it was applied.
@@ -220,8 +221,18 @@ async fn scaling_one_two_three_nodes_beside_a_single_node() {
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let writer_counts = list("PALISADE_SCALING_WRITERS", &[WRITERS]);
     let node_counts = list("PALISADE_SCALING_NODES", &[1, 2, 3]);
-    let node_args = std::env::var("PALISADE_SCALING_NODE_ARGS").unwrap_or_default();
-    let node_args: Vec<&str> = node_args.split_whitespace().collect();
+    let variants_text = std::env::var("PALISADE_SCALING_NODE_ARGS").unwrap_or_default();
+    let variants: Vec<(&str, Vec<&str>)> = if variants_text.trim().is_empty() {
+        vec![("", Vec::new())]
+    } else {
+        variants_text
+            .split(';')
+            .map(|v| {
+                let (name, args) = v.split_once('=').unwrap_or((v, ""));
+                (name.trim(), args.split_whitespace().collect())
+            })
+            .collect()
+    };
     let mut rows: Vec<Row> = Vec::new();
     for rep in 0..REPEAT {
         for &writers in &writer_counts {
@@ -235,37 +246,46 @@ async fn scaling_one_two_three_nodes_beside_a_single_node() {
                 None,
             );
             for &n in &node_counts {
-                let topic = unique(&format!("scale{n}w{writers}"));
-                broker().create_topic(&topic, PARTS);
-                let cluster = Arc::new(Cluster {
-                    group: format!("{topic}-g"),
-                    prefix: format!("/{topic}/"),
-                    topic: topic.clone(),
-                    etcd: etcd.endpoint.clone(),
-                    partitions: PARTS,
-                });
-                let mut nodes: Vec<_> = (0..n)
-                    .map(|i| cluster.start_with(&format!("{topic}-n{i}"), dir.path(), &node_args))
-                    .collect();
-                let bases: Vec<String> = nodes.iter().map(|x| x.base.clone()).collect();
-                let (rate, p50) = load(&bases, &topic, writers).await;
-                let stage = stages(&bases).await;
-                push(
-                    &mut rows,
-                    &format!("cluster, {n} node(s), {writers} writers"),
-                    rate,
-                    p50,
-                    Some(stage),
-                );
-                for x in &mut nodes {
-                    x.terminate();
+                for (variant, node_args) in &variants {
+                    let topic = unique(&format!("scale{n}w{writers}"));
+                    broker().create_topic(&topic, PARTS);
+                    let cluster = Arc::new(Cluster {
+                        group: format!("{topic}-g"),
+                        prefix: format!("/{topic}/"),
+                        topic: topic.clone(),
+                        etcd: etcd.endpoint.clone(),
+                        partitions: PARTS,
+                    });
+                    let mut nodes: Vec<_> = (0..n)
+                        .map(|i| {
+                            cluster.start_with(&format!("{topic}-n{i}"), dir.path(), node_args)
+                        })
+                        .collect();
+                    let bases: Vec<String> = nodes.iter().map(|x| x.base.clone()).collect();
+                    let (rate, p50) = load(&bases, &topic, writers).await;
+                    let stage = stages(&bases).await;
+                    let tag = if variant.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({variant})")
+                    };
+                    push(
+                        &mut rows,
+                        &format!("cluster, {n} node(s), {writers} writers{tag}"),
+                        rate,
+                        p50,
+                        Some(stage),
+                    );
+                    for x in &mut nodes {
+                        x.terminate();
+                    }
                 }
             }
         }
     }
     let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "\nSCALING partitions={PARTS} writers={writer_counts:?} appends/writer={APPENDS} repeat={REPEAT} broker={:?} node_args={node_args:?} loadavg_before={} loadavg_after={}",
+        "\nSCALING partitions={PARTS} writers={writer_counts:?} appends/writer={APPENDS} repeat={REPEAT} broker={:?} variants={variants:?} loadavg_before={} loadavg_after={}",
         broker().kind,
         load_before.trim(),
         load_avg.trim()
