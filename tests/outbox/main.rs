@@ -33,6 +33,13 @@ mod prune;
 #[path = "08_remove_dead.rs"]
 mod remove_dead;
 
+#[path = "09_kafka.rs"]
+mod kafka;
+
+#[allow(dead_code)]
+#[path = "../kafka/broker.rs"]
+mod broker;
+
 mod receiver;
 
 use std::time::{Duration, Instant};

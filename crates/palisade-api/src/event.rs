@@ -51,17 +51,24 @@ pub struct EventIn {
     pub effects: Vec<EffectIn>,
 }
 
-/// A side effect of an event: for now a webhook, an HTTP POST of `body` to
-/// `url` carrying `Idempotency-Key: <event_id>:<index>` and
-/// `Fencing-Token: <the event's token>`.
+/// A side effect of an event: a webhook, an HTTP POST of `body` to `url`, or
+/// a `kafka` record of `body` to `topic` keyed by the twin id; either
+/// carries `Idempotency-Key: <event_id>:<index>` and `Fencing-Token: <the
+/// event's token>` (docs/outbox.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EffectIn {
-    /// `webhook` (the only kind so far).
+    /// `webhook` or `kafka`.
     pub kind: String,
-    /// `http://` or `https://`, at most 2048 bytes of visible ASCII.
+    /// A webhook's target: `http://` or `https://`, at most 2048 bytes of
+    /// visible ASCII.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub url: String,
-    /// Any JSON: the POST's body.
+    /// A `kafka` effect's topic (1 to 249 of `A-Z a-z 0-9 . _ -`), on the
+    /// store's `--kafka-brokers`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub topic: String,
+    /// Any JSON: the POST's body, or the record's value.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub body: Value,
     /// Extra request headers (at most 16; not `Idempotency-Key`,
@@ -76,6 +83,18 @@ impl EffectIn {
         Self {
             kind: "webhook".into(),
             url: url.into(),
+            topic: String::new(),
+            body,
+            headers: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// A Kafka record of `body` to `topic`, keyed by the twin id.
+    pub fn kafka(topic: impl Into<String>, body: Value) -> Self {
+        Self {
+            kind: "kafka".into(),
+            url: String::new(),
+            topic: topic.into(),
             body,
             headers: std::collections::BTreeMap::new(),
         }

@@ -220,6 +220,7 @@ pub struct OutboxEntryOut {
     pub twin_id: String,
     /// When the state last changed (ms since 1970; 0: never tried).
     pub updated_at_ms: u64,
+    /// A webhook's URL, or a `kafka` effect's topic.
     pub url: String,
 }
 

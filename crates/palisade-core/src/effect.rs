@@ -1,7 +1,9 @@
 //! Side effects declared with an event (the fenced outbox, issue 14 part 2,
 //! `docs/decisions/0030-fenced-outbox.md`): an append's event may carry
 //! `"effects": [{"kind": "webhook", "url": "http://...", "body": <JSON>,
-//! "headers"?: {...}}]`. The store records them in the same fenced commit as
+//! "headers"?: {...}}]`, or `{"kind": "kafka", "topic": "...", "body":
+//! <JSON>, "headers"?: {...}}` (a record to another topic, keyed by the
+//! twin id). The store records them in the same fenced commit as
 //! the event, so an effect exists only if its event was admitted, and a
 //! dispatcher delivers them after the commit is durable.
 //!
@@ -32,21 +34,51 @@ const RESERVED_HEADERS: [&str; 6] = [
     "transfer-encoding",
 ];
 
-/// What kind of effect. Only webhooks exist now; the enum stays open
-/// (`kafka` later), and a stored kind this build does not know fails to
-/// decode rather than being delivered as something else.
+/// What kind of effect. A stored kind this build does not know fails to
+/// decode rather than being delivered as something else (new kinds go at
+/// the end: bincode stores the variant's index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
 pub enum EffectKind {
     /// An HTTP POST of `body` to `url`.
     Webhook,
+    /// A Kafka record of `body` to the topic in `url`, keyed by the twin
+    /// id, on the brokers of `palisade serve --kafka-brokers`.
+    Kafka,
 }
 
 impl EffectKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::Webhook => "webhook",
+            Self::Kafka => "kafka",
         }
     }
+}
+
+/// Longest Kafka topic name (Kafka's own limit).
+pub const MAX_TOPIC_LEN: usize = 249;
+
+/// Check a Kafka topic name as Kafka does: 1 to 249 of `A-Z a-z 0-9 . _ -`,
+/// not `.` or `..`.
+pub fn check_topic(topic: &str) -> Result<(), EffectError> {
+    if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
+        return Err(bad(format!(
+            "topic must be 1 to {MAX_TOPIC_LEN} characters, got {}",
+            topic.len()
+        )));
+    }
+    if topic == "." || topic == ".." {
+        return Err(bad("topic cannot be \".\" or \"..\""));
+    }
+    if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b".-_".contains(&b))
+    {
+        return Err(bad(format!(
+            "topic {topic:?} may only hold A-Z, a-z, 0-9, '.', '_' and '-'"
+        )));
+    }
+    Ok(())
 }
 
 /// One effect, as validated and stored.
@@ -73,9 +105,14 @@ impl Effect {
             .iter()
             .map(|(n, v)| (n.clone(), serde_json::Value::String(v.clone())))
             .collect();
+        // A kafka effect keeps its topic in `url`.
+        let target = match self.kind {
+            EffectKind::Webhook => "url",
+            EffectKind::Kafka => "topic",
+        };
         serde_json::json!({
             "kind": self.kind.name(),
-            "url": self.url,
+            target: self.url,
             "body": body,
             "headers": headers,
         })
@@ -146,29 +183,41 @@ pub fn parse_effects(i: usize, v: &serde_json::Value) -> Result<Vec<Effect>, Eff
 fn parse_effect(v: &serde_json::Value) -> Result<Effect, EffectError> {
     let serde_json::Value::Object(o) = v else {
         return Err(bad(
-            "an effect must be an object {\"kind\", \"url\", \"body\", \"headers\"?}",
+            "an effect must be an object {\"kind\", \"url\" or \"topic\", \"body\", \"headers\"?}",
         ));
+    };
+    let kind = match o.get("kind") {
+        Some(serde_json::Value::String(k)) if k == "webhook" => EffectKind::Webhook,
+        Some(serde_json::Value::String(k)) if k == "kafka" => EffectKind::Kafka,
+        Some(serde_json::Value::String(k)) => {
+            return Err(bad(format!(
+                "unknown kind {k:?}; the known kinds are \"webhook\" and \"kafka\""
+            )))
+        }
+        _ => return Err(bad("kind must be a string (\"webhook\" or \"kafka\")")),
+    };
+    // Where it goes: a webhook's url, a kafka effect's topic (kept in `url`).
+    let target = match kind {
+        EffectKind::Webhook => "url",
+        EffectKind::Kafka => "topic",
     };
     if let Some(k) = o
         .keys()
-        .find(|k| !["kind", "url", "body", "headers"].contains(&k.as_str()))
+        .find(|k| !["kind", target, "body", "headers"].contains(&k.as_str()))
     {
-        return Err(bad(format!("unknown field {k:?}")));
+        return Err(bad(format!(
+            "unknown field {k:?} for a {} effect",
+            kind.name()
+        )));
     }
-    let kind = match o.get("kind") {
-        Some(serde_json::Value::String(k)) if k == "webhook" => EffectKind::Webhook,
-        Some(serde_json::Value::String(k)) => {
-            return Err(bad(format!(
-                "unknown kind {k:?}; the known kind is \"webhook\""
-            )))
-        }
-        _ => return Err(bad("kind must be a string (\"webhook\")")),
-    };
-    let url = match o.get("url") {
+    let url = match o.get(target) {
         Some(serde_json::Value::String(u)) => u.clone(),
-        _ => return Err(bad("url must be a string")),
+        _ => return Err(bad(format!("{target} must be a string"))),
     };
-    check_effect_url(&url)?;
+    match kind {
+        EffectKind::Webhook => check_effect_url(&url)?,
+        EffectKind::Kafka => check_topic(&url)?,
+    }
     let body = o
         .get("body")
         .ok_or_else(|| bad("body is missing (any JSON value; null for none)"))?
@@ -254,6 +303,11 @@ mod tests {
             json!("x"),
             too_many,
             json!([{"kind": "kafka", "url": "http://h", "body": 1}]),
+            json!([{"kind": "kafka", "topic": "a b", "body": 1}]),
+            json!([{"kind": "kafka", "topic": "..", "body": 1}]),
+            json!([{"kind": "kafka", "topic": "", "body": 1}]),
+            json!([{"kind": "kafka", "topic": "t", "body": 1, "headers": {"Idempotency-Key": "x"}}]),
+            json!([{"kind": "ftp", "url": "http://h", "body": 1}]),
             json!([{"kind": "webhook", "url": "gopher://h", "body": 1}]),
             json!([{"kind": "webhook", "url": "http://h"}]),
             json!([{"kind": "webhook", "url": "http://h", "body": 1, "extra": 2}]),
@@ -266,6 +320,17 @@ mod tests {
         }
         let back = parse_effects(0, &serde_json::Value::Array(vec![e[0].to_json()])).unwrap();
         assert_eq!(back, e, "to_json is what parse_effects reads back");
+        let k = parse_effects(
+            0,
+            &json!([{"kind": "kafka", "topic": "valve-commands.v1", "body": {"open": true}}]),
+        )
+        .unwrap();
+        assert_eq!(
+            (k[0].kind, k[0].url.as_str()),
+            (EffectKind::Kafka, "valve-commands.v1")
+        );
+        let back = parse_effects(0, &serde_json::Value::Array(vec![k[0].to_json()])).unwrap();
+        assert_eq!(back, k, "a kafka effect reads back with its topic");
         let max = serde_json::Value::Array(vec![one; MAX_EFFECTS_PER_EVENT]);
         assert_eq!(parse_effects(0, &max).unwrap().len(), MAX_EFFECTS_PER_EVENT);
     }

@@ -313,6 +313,10 @@ impl ServeConfig {
             timeout: ms(self.outbox_timeout_ms),
             keep_delivered: usize::try_from(self.outbox_keep_delivered).unwrap_or(usize::MAX),
             roots: crate::outbox::trust_roots(self.outbox_ca_file.as_deref())?,
+            kafka: self
+                .kafka_brokers
+                .clone()
+                .map(|b| (b, self.kafka_settings.clone())),
         })
     }
 

@@ -26,6 +26,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade_core::effect::EffectKind;
 use palisade_core::{BoxFuture, PartitionId};
 use palisade_log::{DeliveryState, OutboxEntry, Store};
 use tokio::sync::watch;
@@ -75,6 +76,32 @@ pub struct DispatchConfig {
     pub keep_delivered: usize,
     /// The roots trusted for `https://` effects ([`trust_roots`]).
     pub roots: Vec<reqwest::Certificate>,
+    /// The brokers and client settings `kafka` effects are produced with
+    /// (`--kafka-brokers`, `--kafka-setting`); `None`: such effects fail
+    /// (and end dead) with an error saying so.
+    pub kafka: Option<(String, Vec<(String, String)>)>,
+}
+
+/// The producer of `kafka` effects: `acks=all` and idempotence, the
+/// client settings a producer takes.
+fn effect_producer(
+    brokers: &str,
+    settings: &[(String, String)],
+    timeout: Duration,
+) -> anyhow::Result<rdkafka::producer::FutureProducer> {
+    use anyhow::Context;
+    let mut pc = rdkafka::config::ClientConfig::new();
+    pc.set("bootstrap.servers", brokers)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set(
+            "message.timeout.ms",
+            timeout.as_millis().clamp(1_000, 300_000).to_string(),
+        );
+    for (k, v) in palisade_kafka::cluster::producer_settings(settings) {
+        pc.set(k, v);
+    }
+    pc.create().context("the producer of kafka effects")
 }
 
 /// The certificate authorities in the PEM file `path` (`--outbox-ca-file`),
@@ -135,6 +162,10 @@ pub fn start(
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let client = client(&config.roots, config.timeout)?;
+    let kafka = match &config.kafka {
+        Some((brokers, settings)) => Some(effect_producer(brokers, settings, config.timeout)?),
+        None => None,
+    };
     info!(
         partitions = store.partitions(),
         max_attempts = config.max_attempts,
@@ -147,6 +178,7 @@ pub fn start(
                 store: store.clone(),
                 gate: gate.clone(),
                 client: client.clone(),
+                kafka: kafka.clone(),
                 config: config.clone(),
                 partition: PartitionId(p),
             };
@@ -165,6 +197,8 @@ struct Dispatcher {
     store: Arc<Store>,
     gate: Arc<dyn Dispatch>,
     client: reqwest::Client,
+    /// For `kafka` effects (`None` without `--kafka-brokers`).
+    kafka: Option<rdkafka::producer::FutureProducer>,
     config: Arc<DispatchConfig>,
     partition: PartitionId,
 }
@@ -297,7 +331,7 @@ impl Dispatcher {
             // A try in flight is abandoned the moment ownership goes (it
             // stays pending; the next owner delivers it, same key).
             let outcome = tokio::select! {
-                r = self.post(&entry) => r,
+                r = self.send(&entry) => r,
                 () = self.lost() => return false,
             };
             entry.attempts = entry.attempts.saturating_add(1);
@@ -359,6 +393,59 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// One try: a webhook's POST, or a kafka effect's record.
+    async fn send(&self, entry: &OutboxEntry) -> Result<(), String> {
+        match entry.effect.kind {
+            EffectKind::Webhook => self.post(entry).await,
+            EffectKind::Kafka => self.produce(entry).await,
+        }
+    }
+
+    /// A kafka effect: a record of its body to its topic (kept in `url`),
+    /// keyed by the twin id, with the same `Idempotency-Key` and
+    /// `Fencing-Token` headers as a webhook's POST; delivered once the
+    /// brokers acknowledged it (`acks=all`).
+    async fn produce(&self, entry: &OutboxEntry) -> Result<(), String> {
+        use rdkafka::message::{Header, OwnedHeaders};
+        let Some(producer) = &self.kafka else {
+            return Err(
+                "no Kafka brokers configured: kafka effects need palisade serve --kafka-brokers"
+                    .into(),
+            );
+        };
+        let e = &entry.effect;
+        let key = entry.idempotency_key();
+        let token = entry.token.to_string();
+        let mut headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "content-type",
+                value: Some("application/json"),
+            })
+            .insert(Header {
+                key: "idempotency-key",
+                value: Some(key.as_str()),
+            })
+            .insert(Header {
+                key: "fencing-token",
+                value: Some(token.as_str()),
+            });
+        for (name, value) in &e.headers {
+            headers = headers.insert(Header {
+                key: name.as_str(),
+                value: Some(value.as_str()),
+            });
+        }
+        let record = rdkafka::producer::FutureRecord::to(&e.url)
+            .key(entry.twin.as_bytes())
+            .payload(e.body.as_bytes())
+            .headers(headers);
+        producer
+            .send(record, self.config.timeout)
+            .await
+            .map(|_| ())
+            .map_err(|(err, _)| format!("topic {}: {err}", e.url))
     }
 
     async fn post(&self, entry: &OutboxEntry) -> Result<(), String> {
@@ -493,6 +580,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             keep_delivered: 10,
             roots: Vec::new(),
+            kafka: None,
         };
         let wait = |n| backoff(&config, n).as_millis();
         assert_eq!(
