@@ -40,7 +40,13 @@ impl KafkaLog {
         pc.set("bootstrap.servers", brokers)
             .set("acks", "all")
             .set("enable.idempotence", "true")
-            .set("message.timeout.ms", "10000");
+            .set("message.timeout.ms", "10000")
+            // Every HTTP append waits for its record's acknowledgement, so
+            // librdkafka's 5 ms of lingering is 5 ms on every append; under
+            // load records still batch while a request is in flight
+            // (decision 0037, docs/scaling.md). `--kafka-setting
+            // linger.ms=N` overrides it.
+            .set("linger.ms", "0");
         for (k, v) in producer_settings(settings) {
             pc.set(k, v);
         }
