@@ -19,6 +19,8 @@
 //!   principal, and is `403 lease_not_yours` for another;
 //! - a record produced straight to Kafka is applied only if signed by the
 //!   token's owner (`token_not_yours` dead letter otherwise);
+//! - `/v1/cluster/audit` through one node reads every node's audit log
+//!   (node 0's grant, the owner's refusals);
 //! - a fresh node replaying the topic alone reaches the same state and
 //!   version, so the owners it learns from etcd while replaying the grant
 //!   records decide as the cluster did.
@@ -432,6 +434,49 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         "part-1's history"
     );
     let seen = states(&nodes[1].base, &keys["ops"]).await;
+
+    // Every node's audit log through one node, with the caller's key: the
+    // grant audited by node 0 and the stolen-token refusals audited by
+    // part-1's owner are both there.
+    let (status, _) = call("GET", &nodes[2].base, "/v1/cluster/audit", None, None, None).await;
+    assert_eq!(status, 401);
+    let (status, body) = call(
+        "GET",
+        &nodes[2].base,
+        "/v1/cluster/audit?limit=1000",
+        Some(&keys["ops"]),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let sections = body["nodes"].as_array().unwrap();
+    let mut names: Vec<&str> = sections
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["n0", "n1", "n2"], "{body}");
+    assert!(sections.iter().all(|n| n["status"] == "ok"), "{body}");
+    let has = |node: &str, f: &dyn Fn(&Value) -> bool| {
+        sections
+            .iter()
+            .filter(|n| node.is_empty() || n["node"] == node)
+            .flat_map(|n| n["records"].as_array().unwrap())
+            .any(f)
+    };
+    assert!(
+        has("n0", &|r| r["action"] == "grant"
+            && r["principal"] == "worker-a"
+            && r["scope"] == "twin/part-1"),
+        "worker-a's grant through n0: {body}"
+    );
+    assert!(
+        has("", &|r| r["action"] == "write"
+            && r["principal"] == "worker-b"
+            && r["detail"] == "token_not_yours"),
+        "worker-b's refused writes: {body}"
+    );
 
     // A fresh node replaying the topic alone decides the same.
     for n in &mut nodes {

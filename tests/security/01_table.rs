@@ -320,6 +320,26 @@ async fn every_principal_can_do_what_its_roles_grant_and_nothing_else() {
         401,
         "unauthenticated"
     );
+    // Every node's audit log (one node here: `local`): the same rule.
+    row!(
+        "ops GET /v1/cluster/audit",
+        s.get("ops", "/v1/cluster/audit").await,
+        200,
+        ""
+    );
+    row!(
+        "reader GET /v1/cluster/audit",
+        s.get("reader", "/v1/cluster/audit").await,
+        403,
+        "forbidden"
+    );
+    row!(
+        "no key: GET /v1/cluster/audit",
+        s.call(None, Method::GET, "/v1/cluster/audit", None, &[])
+            .await,
+        401,
+        "unauthenticated"
+    );
 
     // The outbox (effect URLs and bodies): `admin` on admin/outbox only.
     for (who, status, error) in [

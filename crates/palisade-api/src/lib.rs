@@ -35,8 +35,8 @@ pub use error::{
 pub use event::{AppendResponse, EffectIn, EventIn, EventOut, EventsPage};
 pub use lease::{AdvisedLeaseOut, LeaseAdviceOut, LeaseIn, LeaseOut, TailsOut};
 pub use read::{
-    AuditOut, AuditResponse, ClusterPartitionOut, DeadLetterOut, DeadLettersResponse, Health,
-    HealthFailure, MissingPartitionOut, OutboxCountsOut, OutboxEntryOut, OutboxResponse,
-    PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse, RejectionOut,
-    RejectionsResponse, TwinResponse,
+    AuditOut, AuditResponse, ClusterAuditResponse, ClusterPartitionOut, DeadLetterOut,
+    DeadLettersResponse, Health, HealthFailure, MissingPartitionOut, NodeAuditOut, OutboxCountsOut,
+    OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse,
+    RejectionOut, RejectionsResponse, TwinResponse,
 };

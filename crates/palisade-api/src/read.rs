@@ -303,6 +303,32 @@ pub struct AuditResponse {
     pub next_after: Option<u64>,
 }
 
+/// One node's part of `GET /v1/cluster/audit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeAuditOut {
+    /// The node (`--cluster-node`; `local` on a single node).
+    pub node: String,
+    /// `ok`, or `unreachable` (the node did not answer; `error` says why).
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Its records after its cursor, oldest first.
+    pub records: Vec<AuditOut>,
+    /// This node's part of the next cursor (`null`: no records here).
+    pub next_after: Option<u64>,
+}
+
+/// `200` of `GET /v1/cluster/audit`: every node's audit log, node by node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClusterAuditResponse {
+    pub nodes: Vec<NodeAuditOut>,
+    /// Pass as `after` for the next page: `node:seq` per node, comma
+    /// separated.
+    pub next_after: String,
+}
+
 /// `GET /healthz`: `200` with `ok`, or `503` with `failed` and the storage
 /// failure that stopped the store from acknowledging writes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

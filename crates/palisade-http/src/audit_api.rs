@@ -13,7 +13,7 @@ use palisade_log::AuditAction;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::routes::{query, AppState};
-use crate::wire::{AuditOut, AuditResponse, ErrorBody};
+use crate::wire::{AuditOut, AuditResponse, ClusterAuditResponse, ErrorBody, NodeAuditOut};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -51,10 +51,18 @@ pub(crate) async fn audit(
         .authorize(Action::Admin, &Resource::Admin("audit".into()))?;
     let q = query(q)?;
     let limit = crate::routes::page_limit(q.limit, 100, s.config.max_page)?;
-    let records: Vec<AuditOut> = s
-        .store
+    Ok(Json(page(&s.store, q.after.unwrap_or(0), limit).await?))
+}
+
+/// This store's audit records after `after`, at most `limit`.
+pub(crate) async fn page(
+    store: &palisade_log::Store,
+    after: u64,
+    limit: usize,
+) -> Result<AuditResponse, ApiError> {
+    let records: Vec<AuditOut> = store
         .audit()
-        .list(q.after.unwrap_or(0), limit)
+        .list(after, limit)
         .await?
         .into_iter()
         .map(|r| AuditOut {
@@ -73,8 +81,106 @@ pub(crate) async fn audit(
             detail: r.detail,
         })
         .collect();
-    Ok(Json(AuditResponse {
+    Ok(AuditResponse {
         next_after: records.last().map(|r| r.seq),
         records,
-    }))
+    })
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ClusterAuditQuery {
+    /// The cursor of the previous page: `node:seq` per node, comma
+    /// separated (a node not named: from its oldest record kept).
+    after: Option<String>,
+    /// At most this many per node (default 100, at least 1, at most 1000;
+    /// larger values are clamped).
+    #[param(minimum = 1)]
+    limit: Option<usize>,
+}
+
+/// Every node's audit log, read through any node: the answering node asks
+/// each node that owns a partition (and itself) for its records after the
+/// cursor, with the caller's key. A node that does not answer is listed
+/// `unreachable`, never left out silently. On a single node: its own, as
+/// node `local`.
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/audit",
+    tag = "operations",
+    params(ClusterAuditQuery),
+    responses(
+        (status = 200, description = "Each node's audit records, oldest first", body = ClusterAuditResponse),
+        (status = 400, description = "`bad_query` (a cursor that is not `node:seq,...`)", body = ErrorBody),
+        (status = 401, description = "`unauthenticated` (authentication on)", body = ErrorBody),
+        (status = 403, description = "`forbidden`: needs `admin` on `admin/audit`", body = ErrorBody),
+        (status = 503, description = "`lease_authority_unavailable` (cluster mode: etcd's owner keys cannot be read)", body = ErrorBody),
+    )
+)]
+pub(crate) async fn cluster_audit(
+    State(s): State<AppState>,
+    caller: Caller,
+    headers: axum::http::HeaderMap,
+    q: Result<Query<ClusterAuditQuery>, QueryRejection>,
+) -> Result<Json<ClusterAuditResponse>, ApiError> {
+    caller
+        .admit(AuditAction::Admin)?
+        .authorize(Action::Admin, &Resource::Admin("audit".into()))?;
+    let q = query(q)?;
+    let limit = crate::routes::page_limit(q.limit, 100, s.config.max_page)?;
+    let cursor = parse_cursor(q.after.as_deref().unwrap_or(""))?;
+    let nodes = match s.config.cluster.as_deref() {
+        Some(c) => {
+            crate::views::audits(
+                c,
+                &s.store,
+                &cursor,
+                limit,
+                headers.get(axum::http::header::AUTHORIZATION),
+            )
+            .await?
+        }
+        None => {
+            let after = cursor.get("local").copied().unwrap_or(0);
+            let p = page(&s.store, after, limit).await?;
+            vec![NodeAuditOut {
+                node: "local".into(),
+                status: "ok".into(),
+                error: None,
+                next_after: p.next_after,
+                records: p.records,
+            }]
+        }
+    };
+    let next_after = nodes
+        .iter()
+        .filter_map(|n| {
+            n.next_after
+                .or_else(|| cursor.get(&n.node).copied())
+                .map(|s| format!("{}:{s}", n.node))
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok(Json(ClusterAuditResponse { nodes, next_after }))
+}
+
+/// `node:seq,node:seq` (empty: nothing read yet).
+fn parse_cursor(text: &str) -> Result<std::collections::BTreeMap<String, u64>, ApiError> {
+    text.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (node, seq) = p.rsplit_once(':').ok_or_else(|| bad_cursor(p))?;
+            let seq = seq.trim().parse::<u64>().map_err(|_| bad_cursor(p))?;
+            Ok((node.trim().to_owned(), seq))
+        })
+        .collect()
+}
+
+fn bad_cursor(part: &str) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::BAD_REQUEST,
+        crate::wire::ErrorName::BadQuery,
+        format!("after: {part:?} is not node:seq (the cursor is node:seq,node:seq,...)"),
+    )
 }

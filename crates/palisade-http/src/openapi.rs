@@ -59,6 +59,7 @@ use crate::wire;
         crate::routes::outbox,
         crate::routes::remove_dead_effect,
         crate::audit_api::audit,
+        crate::audit_api::cluster_audit,
         crate::backup_api::backup,
     ),
     components(schemas(

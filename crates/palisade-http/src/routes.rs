@@ -99,6 +99,7 @@ fn build(
         )
         .route("/v1/openapi.json", get(crate::openapi::openapi_json))
         .route("/v1/audit", get(crate::audit_api::audit))
+        .route("/v1/cluster/audit", get(crate::audit_api::cluster_audit))
         .route("/v1/admin/backup", post(crate::backup_api::backup))
         .fallback(|| async {
             ApiError::not_found(

@@ -232,3 +232,66 @@ pub(crate) async fn dead_letters(
         missing,
     })
 }
+
+/// Every node's audit page after its cursor (`GET /v1/cluster/audit`):
+/// the nodes that own a partition, and this one; each asked at once with
+/// the caller's key, bounded in time; one that does not answer is listed
+/// `unreachable`.
+pub(crate) async fn audits(
+    c: &dyn ClusterRouting,
+    store: &Arc<Store>,
+    cursor: &BTreeMap<String, u64>,
+    limit: usize,
+    authorization: Option<&HeaderValue>,
+) -> Result<Vec<crate::wire::NodeAuditOut>, ApiError> {
+    use crate::wire::{AuditResponse, NodeAuditOut};
+    let owners = c
+        .owners(store.partitions())
+        .await
+        .map_err(|e| owners_unavailable(&e))?;
+    let me = c.node();
+    let mut peers: BTreeMap<String, Option<Peer>> = owners
+        .into_iter()
+        .flatten()
+        .filter(|p| p.node != me)
+        .map(|p| (p.node.clone(), Some(p)))
+        .collect();
+    peers.insert(me.clone(), None);
+    let answers = join_all(peers.into_iter().map(|(node, peer)| async move {
+        let after = cursor.get(&node).copied().unwrap_or(0);
+        let r = match peer {
+            None => crate::audit_api::page(store, after, limit)
+                .await
+                .map_err(|e| format!("{e:?}")),
+            Some(peer) => c
+                .ask(
+                    peer,
+                    format!("/v1/audit?after={after}&limit={limit}"),
+                    authorization.cloned(),
+                )
+                .await
+                .and_then(|b| {
+                    serde_json::from_slice::<AuditResponse>(&b)
+                        .map_err(|e| format!("not an audit answer: {e}"))
+                }),
+        };
+        match r {
+            Ok(p) => NodeAuditOut {
+                node,
+                status: "ok".into(),
+                error: None,
+                next_after: p.next_after,
+                records: p.records,
+            },
+            Err(error) => NodeAuditOut {
+                node,
+                status: "unreachable".into(),
+                error: Some(error),
+                next_after: None,
+                records: Vec::new(),
+            },
+        }
+    }))
+    .await;
+    Ok(answers)
+}

@@ -8,12 +8,13 @@ use palisade_core::Hlc;
 use palisade_lease::{Advice, Lease, Tails};
 
 pub use palisade_api::{
-    AdvisedLeaseOut, AppendResponse, AuditOut, AuditResponse, ClockDriftError, ClusterPartitionOut,
-    DeadLetterOut, DeadLettersResponse, ErrorBody, ErrorName, EventIn, EventOut, EventsPage,
-    Health, HealthFailure, LeaseAdviceOut, LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut,
-    MissingPartitionOut, OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse,
-    RefusalOut, RefusalsResponse, RejectionOut, RejectionsResponse, StaleTokenError, TailsOut,
-    TokenRefusedError, TwinResponse, VersionMismatchError,
+    AdvisedLeaseOut, AppendResponse, AuditOut, AuditResponse, ClockDriftError,
+    ClusterAuditResponse, ClusterPartitionOut, DeadLetterOut, DeadLettersResponse, ErrorBody,
+    ErrorName, EventIn, EventOut, EventsPage, Health, HealthFailure, LeaseAdviceOut,
+    LeaseGoneError, LeaseHeldError, LeaseIn, LeaseOut, MissingPartitionOut, NodeAuditOut,
+    OutboxEntryOut, OutboxResponse, PartitionOut, PartitionsResponse, RefusalOut, RefusalsResponse,
+    RejectionOut, RejectionsResponse, StaleTokenError, TailsOut, TokenRefusedError, TwinResponse,
+    VersionMismatchError,
 };
 
 /// A lease as acquire, renew and `GET /v1/partitions` show it.

@@ -64,6 +64,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/outbox/0/1/0",
     ),
     ("get", "/v1/audit", "/v1/audit"),
+    ("get", "/v1/cluster/audit", "/v1/cluster/audit"),
     ("post", "/v1/admin/backup", "/v1/admin/backup"),
 ];
 
