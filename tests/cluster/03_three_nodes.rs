@@ -44,6 +44,21 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster of its own on `etcd` and the suite's broker: a new topic of
+    /// [`PARTITIONS`] partitions named after `name`, its group and etcd
+    /// prefix.
+    pub(crate) fn on(etcd: &Etcd, name: &str) -> Self {
+        let topic = unique(name);
+        broker().create_topic(&topic, PARTITIONS);
+        Self {
+            group: format!("{topic}-group"),
+            prefix: format!("/{topic}/"),
+            etcd: etcd.endpoint.clone(),
+            topic,
+            partitions: PARTITIONS,
+        }
+    }
+
     pub(crate) fn start(&self, id: &str, dir: &Path) -> Node {
         self.start_with(id, dir, &[])
     }
@@ -281,15 +296,8 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
     else {
         return;
     };
-    let topic = unique("cluster3");
-    broker().create_topic(&topic, PARTITIONS);
-    let cluster = Cluster {
-        group: format!("{topic}-group"),
-        topic: topic.clone(),
-        etcd: etcd.endpoint.clone(),
-        prefix: format!("/{topic}/"),
-        partitions: PARTITIONS,
-    };
+    let cluster = Cluster::on(&etcd, "cluster3");
+    let topic = cluster.topic.clone();
     let dir = tempfile::tempdir().unwrap();
     let mut nodes: Vec<Node> = (0..3)
         .map(|i| cluster.start(&format!("n{i}"), dir.path()))

@@ -238,15 +238,8 @@ async fn records_of_any_partition_are_forwarded_and_applied_once_when_installed(
     else {
         return;
     };
-    let topic = unique("forward");
-    broker().create_topic(&topic, PARTITIONS);
-    let cluster = Cluster {
-        group: format!("{topic}-group"),
-        topic: topic.clone(),
-        etcd: etcd.endpoint.clone(),
-        prefix: format!("/{topic}/"),
-        partitions: PARTITIONS,
-    };
+    let cluster = Cluster::on(&etcd, "forward");
+    let topic = cluster.topic.clone();
     let dir = tempfile::tempdir().unwrap();
     let mut nodes: Vec<Node> = (0..2)
         .map(|i| cluster.start(&format!("f{i}"), dir.path()))

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::broker::{broker, unique, PARTITIONS};
+use crate::broker::PARTITIONS;
 use crate::etcd::Etcd;
 use crate::three_nodes::{http, twin, Cluster, Node, STEP};
 
@@ -98,15 +98,8 @@ async fn if_match_is_decided_in_log_order_by_every_node_when_installed() {
     else {
         return;
     };
-    let topic = unique("cluster-ifmatch");
-    broker().create_topic(&topic, PARTITIONS);
-    let cluster = Cluster {
-        group: format!("{topic}-group"),
-        topic: topic.clone(),
-        etcd: etcd.endpoint.clone(),
-        prefix: format!("/{topic}/"),
-        partitions: PARTITIONS,
-    };
+    let cluster = Cluster::on(&etcd, "cluster-ifmatch");
+    let topic = cluster.topic.clone();
     let dir = tempfile::tempdir().unwrap();
     let mut nodes: Vec<Node> = (0..2)
         .map(|i| cluster.start(&format!("n{i}"), dir.path()))

@@ -161,15 +161,7 @@ async fn rebalances_move_only_what_moves_and_lose_nothing_when_installed() {
     else {
         return;
     };
-    let topic = unique("cluster-rebalance");
-    broker().create_topic(&topic, PARTITIONS);
-    let cluster = Cluster {
-        group: format!("{topic}-group"),
-        topic: topic.clone(),
-        etcd: etcd.endpoint.clone(),
-        prefix: format!("/{topic}/"),
-        partitions: PARTITIONS,
-    };
+    let cluster = Cluster::on(&etcd, "cluster-rebalance");
     let dir = tempfile::tempdir().unwrap();
     let mut nodes: Vec<Node> = (0..2)
         .map(|i| cluster.start(&format!("n{i}"), dir.path()))

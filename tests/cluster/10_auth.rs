@@ -31,7 +31,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use serde_json::{json, Value};
 
-use crate::broker::{broker, unique, PARTITIONS};
+use crate::broker::{broker, PARTITIONS};
 use crate::etcd::Etcd;
 use crate::three_nodes::{Cluster, Node, STEP};
 
@@ -234,15 +234,8 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     else {
         return;
     };
-    let topic = unique("clusterauth");
-    broker().create_topic(&topic, PARTITIONS);
-    let cluster = Cluster {
-        group: format!("{topic}-group"),
-        topic: topic.clone(),
-        etcd: etcd.endpoint.clone(),
-        prefix: format!("/{topic}/"),
-        partitions: PARTITIONS,
-    };
+    let cluster = Cluster::on(&etcd, "clusterauth");
+    let topic = cluster.topic.clone();
     let dir = tempfile::tempdir().unwrap();
     let (security, keys) = security_file(dir.path());
     let cert = crate::support::mint_cert(dir.path());

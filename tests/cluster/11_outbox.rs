@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::broker::{broker, unique, PARTITIONS};
+use crate::broker::{broker, PARTITIONS};
 use crate::etcd::Etcd;
 use crate::receiver::{Receiver, Seen};
 use crate::three_nodes::{http, Cluster, Node, STEP};
@@ -159,15 +159,8 @@ async fn outbox_in_cluster_mode_only_the_owner_delivers_and_a_handoff_repeats_no
         return;
     };
     let rx = Receiver::start().await;
-    let topic = unique("outbox");
-    broker().create_topic(&topic, PARTITIONS);
-    let cluster = Cluster {
-        group: format!("{topic}-group"),
-        topic: topic.clone(),
-        etcd: etcd.endpoint.clone(),
-        prefix: format!("/{topic}/"),
-        partitions: PARTITIONS,
-    };
+    let cluster = Cluster::on(&etcd, "outbox");
+    let topic = cluster.topic.clone();
     let dir = tempfile::tempdir().unwrap();
     let mut nodes: Vec<Node> = ["n0", "n1"]
         .iter()
@@ -482,15 +475,7 @@ async fn outbox_cluster_rate() {
         return;
     };
     let rx = Receiver::start().await;
-    let topic = unique("outbox-rate");
-    broker().create_topic(&topic, PARTITIONS);
-    let cluster = Cluster {
-        group: format!("{topic}-group"),
-        topic: topic.clone(),
-        etcd: etcd.endpoint.clone(),
-        prefix: format!("/{topic}/"),
-        partitions: PARTITIONS,
-    };
+    let cluster = Cluster::on(&etcd, "outbox-rate");
     let dir = tempfile::tempdir().unwrap();
     let node = cluster.start_with("n0", dir.path(), ARGS);
     let t = lease(&node, "twin/rate-1", "w").await["token"]
