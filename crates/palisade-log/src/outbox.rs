@@ -348,25 +348,7 @@ mod tests {
 
     #[test]
     fn the_idempotency_key_is_event_id_and_index() {
-        let e = OutboxEntry {
-            partition: 0,
-            seq: 9,
-            index: 2,
-            twin: "t".into(),
-            event_id: "ev-1".into(),
-            token: 5,
-            created_at_ms: 0,
-            effect: Effect {
-                kind: palisade_core::effect::EffectKind::Webhook,
-                url: "http://h/".into(),
-                body: "null".into(),
-                headers: Vec::new(),
-            },
-            state: DeliveryState::Pending,
-            attempts: 0,
-            last_error: None,
-            updated_at_ms: 0,
-        };
+        let e = entry();
         assert_eq!(e.idempotency_key(), "ev-1:2");
         let bytes = palisade_core::codec::encode(&e);
         assert_eq!(

@@ -782,13 +782,7 @@ fn peers_client(config: &ServeConfig) -> anyhow::Result<reqwest::Client> {
         (None, None) => ("", None),
     };
     if let Some(path) = roots {
-        let pem = std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .with_context(|| format!("{flag} {}", path.display()))?;
-        if certs.is_empty() {
-            anyhow::bail!("{flag} {}: no PEM certificate in it", path.display());
-        }
-        for c in certs {
+        for c in crate::security::pem_roots(path, flag)? {
             b = b.add_root_certificate(c);
         }
     }

@@ -113,17 +113,10 @@ pub fn trust_roots(path: Option<&std::path::Path>) -> anyhow::Result<Vec<reqwest
     let Some(path) = path else {
         return Ok(Vec::new());
     };
-    let what = || format!("--outbox-ca-file {}", path.display());
-    let pem = std::fs::read(path).with_context(what)?;
-    let roots = reqwest::Certificate::from_pem_bundle(&pem).with_context(what)?;
-    if roots.is_empty() {
-        anyhow::bail!(
-            "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
-            what()
-        );
-    }
+    let roots = crate::security::pem_roots(path, "--outbox-ca-file")?;
     // rustls checks each root when the client is built: refuse it now.
-    client(&roots, Duration::from_secs(1)).with_context(what)?;
+    client(&roots, Duration::from_secs(1))
+        .with_context(|| format!("--outbox-ca-file {}", path.display()))?;
     Ok(roots)
 }
 

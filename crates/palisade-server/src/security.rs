@@ -22,6 +22,23 @@ pub struct ServeSecurity {
     insecure: bool,
 }
 
+/// The root certificates in the PEM file `path`, for a client that trusts
+/// only them (`flag` names the setting in errors): an unreadable file or one
+/// without a certificate is an error.
+pub fn pem_roots(path: &std::path::Path, flag: &str) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    use anyhow::Context;
+    let what = || format!("{flag} {}", path.display());
+    let pem = std::fs::read(path).with_context(what)?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem).with_context(what)?;
+    if roots.is_empty() {
+        bail!(
+            "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            what()
+        );
+    }
+    Ok(roots)
+}
+
 /// Load the settings and apply the bind policy. Runs before the store is
 /// opened or a socket bound, so a refused start changes nothing.
 pub fn prepare(config: &ServeConfig) -> anyhow::Result<ServeSecurity> {
