@@ -51,6 +51,16 @@ impl ReadCache {
             .cloned()
     }
 
+    /// Forget every record (a partition's keys were replaced underneath,
+    /// `handoff.rs`): the next reads go to sled.
+    pub fn clear(&self) {
+        for s in &self.shards {
+            s.write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clear();
+        }
+    }
+
     pub fn put(&self, p: PartitionId, twin: TwinId, rec: Arc<TwinRecord>) {
         if self.per_shard == 0 {
             return;

@@ -187,7 +187,7 @@ pub(crate) struct Trees {
 }
 
 impl Trees {
-    fn get(&self, id: TreeId) -> Option<&sled::Tree> {
+    pub(crate) fn by_id(&self, id: TreeId) -> Option<&sled::Tree> {
         match id {
             TreeId::META => Some(&self.meta),
             TreeId::LEASES => Some(&self.leases),
@@ -235,7 +235,7 @@ impl Trees {
     }
 
     fn tree(&self, id: TreeId) -> Result<&sled::Tree, StorageFailure> {
-        self.get(id).ok_or_else(|| {
+        self.by_id(id).ok_or_else(|| {
             StorageFailure::new(
                 "sled apply",
                 std::io::ErrorKind::InvalidData,
@@ -486,6 +486,12 @@ impl Committer {
             },
             sync_tx,
         ))
+    }
+
+    /// The checkpointer (a partition snapshot's load takes one itself,
+    /// `handoff.rs`).
+    pub fn checkpointer(&self) -> Arc<Checkpointer> {
+        self.checkpointer.clone()
     }
 
     /// Wait for the sync and apply threads to finish (after the sequencer

@@ -55,6 +55,7 @@ mod cluster;
 mod commit;
 mod error;
 pub mod fence;
+pub mod handoff;
 mod ingest;
 mod keys;
 mod leases;

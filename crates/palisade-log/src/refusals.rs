@@ -208,6 +208,19 @@ struct Span {
     first: u64,
 }
 
+/// Partition `p`'s span as the tree holds it.
+fn span_in(tree: &sled::Tree, p: u32) -> Result<Span, sled::Error> {
+    let lo = key(p, 0);
+    let hi = key(p, u64::MAX);
+    let last = tree.range(lo..=hi).next_back().transpose()?;
+    let first = tree.range(lo..=hi).next().transpose()?;
+    let next = last
+        .and_then(|(k, _)| seq_of(&k))
+        .map_or(1, |s| s.saturating_add(1));
+    let first = first.and_then(|(k, _)| seq_of(&k)).unwrap_or(next);
+    Ok(Span { next, first })
+}
+
 /// The journal: its tree and each partition's seq span. Shared by the
 /// sequencer (which stages most entries) and the store (which stages the
 /// refined `token_not_issued` ones).
@@ -223,21 +236,28 @@ impl RefusalJournal {
     pub fn open(tree: sled::Tree, partitions: u32, cap: u64) -> Result<Self, sled::Error> {
         let mut spans = Vec::with_capacity(partitions as usize);
         for p in 0..partitions {
-            let lo = key(p, 0);
-            let hi = key(p, u64::MAX);
-            let last = tree.range(lo..=hi).next_back().transpose()?;
-            let first = tree.range(lo..=hi).next().transpose()?;
-            let next = last
-                .and_then(|(k, _)| seq_of(&k))
-                .map_or(1, |s| s.saturating_add(1));
-            let first = first.and_then(|(k, _)| seq_of(&k)).unwrap_or(next);
-            spans.push(Span { next, first });
+            spans.push(span_in(&tree, p)?);
         }
         Ok(Self {
             tree,
             spans: Mutex::new(spans),
             cap: cap.max(1),
         })
+    }
+
+    /// Load partition `p`'s span again from the tree (its entries were
+    /// replaced by a partition snapshot's, `handoff.rs`).
+    pub fn reload(&self, p: u32) -> Result<(), sled::Error> {
+        let span = span_in(&self.tree, p)?;
+        if let Some(s) = self
+            .spans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_mut(p as usize)
+        {
+            *s = span;
+        }
+        Ok(())
     }
 
     /// The writes that record `r` (its seq assigned here) and prune its

@@ -89,7 +89,7 @@ pub struct Store {
     /// The sequencer's queue. Every write of the store goes through it.
     tx: mpsc::Sender<Command>,
     sequencer: Mutex<Option<JoinHandle<()>>>,
-    committer: Arc<Mutex<Option<Committer>>>,
+    pub(crate) committer: Arc<Mutex<Option<Committer>>>,
     /// Each partition's durable head, updated after every applied round.
     pub(crate) heads: Vec<tokio::sync::watch::Receiver<u64>>,
     pub(crate) authority: Arc<Mutex<LeaseAuthority>>,
@@ -243,6 +243,9 @@ impl Store {
         } else {
             crate::migrate::sweep(&trees, path)?;
         }
+        // A partition snapshot's load cut short: that partition starts
+        // empty (handoff.rs).
+        crate::handoff::finish_unfinished(&db, path, &trees).map_err(sled_err)?;
         let sources = Sources::load(&trees.ingest)?;
 
         let authority = LeaseAuthority::open(trees.leases.clone(), config.lease_clock.clone())?;

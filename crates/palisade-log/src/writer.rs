@@ -168,6 +168,17 @@ pub(crate) enum Command {
         paused: std::sync::mpsc::Sender<Result<(), StorageFailure>>,
         resume: std::sync::mpsc::Receiver<()>,
     },
+    /// A partition snapshot was written into partition `partition`'s keys
+    /// straight to sled (`handoff.rs`): once everything decided before is
+    /// applied, load the partition's state machine, the sources and the
+    /// partition's refusal span again from sled, and answer once a round
+    /// publishing its head is applied.
+    Reload {
+        partition: PartitionId,
+        cluster: sled::Tree,
+        ingest: sled::Tree,
+        reply: oneshot::Sender<Result<(), StorageFailure>>,
+    },
     /// Finish everything queued before, then stop.
     Stop,
 }
@@ -302,6 +313,20 @@ impl Sequencer {
                     }
                     continue;
                 }
+                if let Command::Reload {
+                    partition,
+                    cluster,
+                    ingest,
+                    reply,
+                } = cmd
+                {
+                    self.reload(partition, &cluster, &ingest, reply);
+                    n += 1;
+                    if n < MAX_DRAIN {
+                        next = rx.try_recv().ok();
+                    }
+                    continue;
+                }
                 self.decide(cmd);
                 if self.open.ops.bytes() >= MAX_ROUND_BYTES {
                     self.close_round();
@@ -330,26 +355,81 @@ impl Sequencer {
         paused: &std::sync::mpsc::Sender<Result<(), StorageFailure>>,
         resume: &std::sync::mpsc::Receiver<()>,
     ) {
+        let outcome = self.wait_applied();
+        let ok = outcome.is_ok();
+        if paused.send(outcome).is_ok() && ok {
+            let _ = resume.recv_timeout(MAX_PAUSE);
+        }
+    }
+
+    /// Close the open round, then a round holding only an acknowledgement,
+    /// and wait until the committer has synced and applied both: sled then
+    /// holds exactly what was decided.
+    fn wait_applied(&mut self) -> Result<(), StorageFailure> {
         self.close_round();
         if let Some(f) = self.failure() {
-            let _ = paused.send(Err(f));
-            return;
+            return Err(f);
         }
         let (applied_tx, applied_rx) = std::sync::mpsc::channel();
         self.open.ack(Box::new(move |outcome| {
             let _ = applied_tx.send(outcome.map_err(StorageFailure::clone));
         }));
         self.close_round();
-        let outcome = applied_rx.recv().unwrap_or_else(|_| {
+        applied_rx.recv().unwrap_or_else(|_| {
             Err(StorageFailure::new(
                 "commit",
                 std::io::ErrorKind::BrokenPipe,
                 "the commit threads are gone".into(),
             ))
+        })
+    }
+
+    /// [`Command::Reload`]. A state that cannot be loaded again stops the
+    /// store (fail-stop): the sequencer's state would no longer be sled's.
+    fn reload(
+        &mut self,
+        p: PartitionId,
+        cluster: &sled::Tree,
+        ingest: &sled::Tree,
+        reply: oneshot::Sender<Result<(), StorageFailure>>,
+    ) {
+        if let Err(f) = self.wait_applied() {
+            let _ = reply.send(Err(f));
+            return;
+        }
+        let i = p.0 as usize;
+        let loaded = self.parts.get(i).map(|part| part.tree.clone()).map(|tree| {
+            Partition::load(p, tree, cluster, self.shared.clone())
+                .map(|(part, _, _)| part)
+                .and_then(|part| Ok((part, Sources::load(ingest)?)))
         });
-        let ok = outcome.is_ok();
-        if paused.send(outcome).is_ok() && ok {
-            let _ = resume.recv_timeout(MAX_PAUSE);
+        match loaded {
+            Some(Ok((mut part, sources))) => {
+                // Its META goes into the next round, which publishes its head.
+                part.meta_dirty = true;
+                self.parts[i] = part;
+                self.sources = sources;
+                let _ = self.shared.refusals.reload(p.0);
+                self.shared.commit.cache.clear();
+                self.touch(i);
+                self.open.ack(ack(reply, Ok(()), std::convert::identity));
+            }
+            Some(Err(e)) => {
+                let f = StorageFailure::new(
+                    "snapshot load",
+                    std::io::ErrorKind::InvalidData,
+                    format!("partition {p}: its state does not load from the snapshot written into it: {e}"),
+                );
+                let f = self.shared.commit.health.fail(f, &self.shared.metrics);
+                let _ = reply.send(Err(f));
+            }
+            None => {
+                let _ = reply.send(Err(StorageFailure::new(
+                    "snapshot load",
+                    std::io::ErrorKind::InvalidInput,
+                    format!("partition {p} does not exist"),
+                )));
+            }
         }
     }
 
@@ -615,7 +695,7 @@ impl Sequencer {
                 }
             }
             // Handled by `run` before it decides anything.
-            Command::Pause { .. } | Command::Stop => {}
+            Command::Pause { .. } | Command::Reload { .. } | Command::Stop => {}
         }
     }
 
@@ -817,6 +897,7 @@ fn refuse(cmd: Command, f: &StorageFailure) {
             }
         }
         Command::Pause { paused, .. } => drop(paused.send(Err(f.clone()))),
+        Command::Reload { reply, .. } => drop(reply.send(Err(f.clone()))),
         Command::Stop => {}
     }
 }

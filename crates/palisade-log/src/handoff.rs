@@ -1,0 +1,882 @@
+//! Partition snapshots, which bound a cluster handoff
+//! (`docs/decisions/0038-partition-snapshots.md`; byte layout in
+//! `docs/on-disk-format.md`, "Partition snapshots").
+//!
+//! In cluster mode a node that gains partition p rebuilds p's state from
+//! p's Kafka log. Without a snapshot it replays the log from where its own
+//! copy stopped, or from the beginning: a handoff then lasts as long as the
+//! log is long. With snapshots, the owner of p writes from time to time
+//! every key of p's state as of one source offset into a file in a folder
+//! every node reaches ([`Store::write_partition_snapshot`]); a node that
+//! gains p loads the newest one ahead of its own copy
+//! ([`Store::load_partition_snapshot`]) and replays only the records after
+//! its offset.
+//!
+//! **What a snapshot holds.** Everything applying p's log up to the offset
+//! wrote, all of it keyed by p: p's tree (meta, twin records, token grants,
+//! event batches, history, twin snapshots), p's owner fence, what the
+//! `ingest` tree keeps for source partition p (its offset, dead letters,
+//! forward chains from p, relay marks at p), p's outbox entries and refusal
+//! journal, and the owners of the tokens p's grants hold. Every node that
+//! applies the same log prefix decides the same (decision 0012), so a
+//! snapshot written by any node, even a former owner, is the state at its
+//! offset.
+//!
+//! **Writing** holds the sequencer (as a backup does, `backup.rs`) only
+//! while the keys that change in place are read; the append-only ones
+//! (event batches, history, twin snapshots at or below the head) are copied
+//! after. The file is written under a temporary name, synced, renamed, and
+//! its folder synced.
+//!
+//! **Loading** is checked before anything is touched (SHA-256, format,
+//! partition count, topic, keys of p only). Then a marker naming p is made
+//! durable through the commit path; p's keys are cleared and the
+//! snapshot's written straight into sled (nothing else writes p meanwhile:
+//! its consumer is paused); the sequencer loads p's state again; a
+//! checkpoint makes it durable and trims the write-ahead log of every round
+//! before it; the marker is removed. A store opened with a marker left (a
+//! crash mid-load) clears p's keys instead: p is then rebuilt from the log,
+//! or from a snapshot again.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use palisade_core::{codec, PartitionId};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use crate::commit::{StorageFailure, Trees};
+use crate::keys;
+use crate::records::PartitionMeta;
+use crate::store::Store;
+use crate::wal::{decode_ops, Op, Ops, TreeId};
+use crate::writer::{Command, RawWrite};
+
+/// First bytes of a partition snapshot file.
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"PALPSN01";
+/// The snapshot format version (`format` in its header).
+pub const SNAPSHOT_FORMAT: u64 = 1;
+/// File name extension of a finished snapshot.
+pub const SNAPSHOT_EXT: &str = "psnap";
+/// Snapshots kept per partition by the writer (the newest ones).
+pub const SNAPSHOTS_KEPT: usize = 2;
+/// `meta` key of an unfinished load: `snapshot-loading/ ++ partition:u32
+/// BE` -> the topic.
+const LOADING_PREFIX: &[u8] = b"snapshot-loading/";
+/// Records written to sled per batch while loading.
+const LOAD_BATCH: usize = 16_384;
+/// A header is at most this long (it is a few hundred bytes).
+const MAX_HEADER: u32 = 1 << 20;
+
+/// Why a snapshot could not be written or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot file {path}: {detail}")]
+    Io { path: String, detail: String },
+    #[error("snapshot file {path} is damaged: {detail}")]
+    Corrupt { path: String, detail: String },
+    #[error("snapshot file {path} does not fit this store: {detail}")]
+    Mismatch { path: String, detail: String },
+    #[error("reading the store: {0}")]
+    Read(#[from] sled::Error),
+    #[error(transparent)]
+    Storage(#[from] StorageFailure),
+    #[error("the store is closed")]
+    Closed,
+}
+
+/// A snapshot's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub format: u64,
+    /// The store layout its keys are in (`keys::LAYOUT_VERSION`).
+    pub layout: u64,
+    /// The store's partition count.
+    pub partitions: u32,
+    pub partition: u32,
+    /// The Kafka topic whose partition `partition` it covers.
+    pub topic: String,
+    /// The last offset of the source partition it covers: a node that
+    /// loads it resumes at `offset + 1`.
+    pub offset: u64,
+    /// The partition's head (last event sequence number) at `offset`.
+    pub head: u64,
+    pub taken_at_ms: u64,
+}
+
+impl SnapshotInfo {
+    fn to_json(&self) -> Value {
+        json!({
+            "format": self.format,
+            "layout": self.layout,
+            "partitions": self.partitions,
+            "partition": self.partition,
+            "topic": self.topic,
+            "offset": self.offset,
+            "head": self.head,
+            "taken_at_ms": self.taken_at_ms,
+        })
+    }
+
+    fn from_json(v: &Value) -> Option<Self> {
+        let n = |k: &str| v.get(k).and_then(Value::as_u64);
+        Some(Self {
+            format: n("format")?,
+            layout: n("layout")?,
+            partitions: u32::try_from(n("partitions")?).ok()?,
+            partition: u32::try_from(n("partition")?).ok()?,
+            topic: v.get("topic")?.as_str()?.to_owned(),
+            offset: n("offset")?,
+            head: n("head")?,
+            taken_at_ms: n("taken_at_ms")?,
+        })
+    }
+}
+
+/// What a write or a load did.
+#[derive(Debug, Clone)]
+pub struct SnapshotSummary {
+    pub info: SnapshotInfo,
+    pub path: PathBuf,
+    /// Keys written (or loaded).
+    pub records: u64,
+    pub bytes: u64,
+    /// How long the sequencer was held (writing only).
+    pub pause: std::time::Duration,
+    pub took: std::time::Duration,
+}
+
+/// The folder of partition `p`'s snapshots of `topic` under `dir`.
+pub fn partition_dir(dir: &Path, topic: &str, p: u32) -> PathBuf {
+    dir.join(topic).join(format!("p{p:05}"))
+}
+
+/// The newest finished snapshot of partition `p` of `topic` in `dir`, by
+/// the offset in its name (`{offset:020}.psnap`), with that offset.
+pub fn latest(dir: &Path, topic: &str, p: u32) -> std::io::Result<Option<(PathBuf, u64)>> {
+    Ok(list(&partition_dir(dir, topic, p))?.pop())
+}
+
+/// Finished snapshots in a partition's folder, oldest first.
+fn list(folder: &Path) -> std::io::Result<Vec<(PathBuf, u64)>> {
+    let entries = match std::fs::read_dir(folder) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        let offset = path
+            .extension()
+            .filter(|x| *x == SNAPSHOT_EXT)
+            .and_then(|_| path.file_stem())
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(o) = offset {
+            found.push((path, o));
+        }
+    }
+    found.sort_by_key(|(_, o)| *o);
+    Ok(found)
+}
+
+fn now_ms() -> u64 {
+    crate::ingest::now_ms()
+}
+
+/// Keys of partition `p` outside its tree: (tree, key prefix). The
+/// `ingest` tree's offset key is exact, the others are prefixes.
+fn outside_prefixes(topic: &str, p: u32) -> Vec<(TreeId, Vec<u8>)> {
+    let pair_prefix = |kind| {
+        let mut k = keys::ingest::pair(kind, topic, p, 0);
+        k.truncate(k.len() - 4);
+        k
+    };
+    let mut dead = vec![keys::ingest::DEAD_LETTER];
+    dead.extend_from_slice(&p.to_be_bytes());
+    vec![
+        (TreeId::CLUSTER, p.to_be_bytes().to_vec()),
+        (TreeId::INGEST, keys::ingest::offset(topic, p)),
+        (TreeId::INGEST, pair_prefix(keys::ingest::CHAIN)),
+        (TreeId::INGEST, pair_prefix(keys::ingest::RELAY)),
+        (TreeId::INGEST, dead),
+        (TreeId::OUTBOX, p.to_be_bytes().to_vec()),
+        (TreeId::REFUSALS, p.to_be_bytes().to_vec()),
+    ]
+}
+
+/// Whether a key of a snapshot of partition `p` of `topic` belongs to it.
+fn belongs(tree: TreeId, key: &[u8], topic: &str, p: u32, grants: &[u64]) -> bool {
+    if tree == TreeId::partition(p) {
+        return true;
+    }
+    if tree == TreeId::TOKEN_OWNERS {
+        return <[u8; 8]>::try_from(key).is_ok_and(|t| grants.contains(&u64::from_be_bytes(t)));
+    }
+    outside_prefixes(topic, p)
+        .iter()
+        .any(|(t, prefix)| *t == tree && key.starts_with(prefix))
+}
+
+/// Remove every key of partition `p` (token owners stay: they are facts
+/// about tokens, the same on every node).
+fn clear(trees: &Trees, topic: &str, p: u32) -> Result<(), sled::Error> {
+    let Some(tree) = trees.partitions.get(p as usize) else {
+        return Ok(());
+    };
+    tree.clear()?;
+    for (id, prefix) in outside_prefixes(topic, p) {
+        let Some(t) = trees.by_id(id) else { continue };
+        for k in t.scan_prefix(&prefix).keys() {
+            t.remove(k?)?;
+        }
+    }
+    Ok(())
+}
+
+fn loading_key(p: u32) -> Vec<u8> {
+    let mut k = LOADING_PREFIX.to_vec();
+    k.extend_from_slice(&p.to_be_bytes());
+    k
+}
+
+/// On open, after the log's replay: a load that did not finish left its
+/// marker; clear that partition's keys (it is rebuilt from its log, or a
+/// snapshot, when next assigned) and remove the marker, durably.
+pub(crate) fn finish_unfinished(
+    db: &sled::Db,
+    path: &Path,
+    trees: &Trees,
+) -> Result<usize, sled::Error> {
+    let mut cleared = 0;
+    for kv in trees.meta.scan_prefix(LOADING_PREFIX) {
+        let (k, v) = kv?;
+        let Some(p) = k
+            .get(LOADING_PREFIX.len()..)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_be_bytes)
+        else {
+            continue;
+        };
+        let topic = String::from_utf8_lossy(&v).into_owned();
+        tracing::warn!(
+            partition = p,
+            topic,
+            "a partition snapshot's load did not finish: the partition's keys are cleared; it is rebuilt when next assigned"
+        );
+        clear(trees, &topic, p)?;
+        trees.meta.remove(&k)?;
+        cleared += 1;
+    }
+    if cleared > 0 {
+        db.flush()?;
+        crate::commit::sync_sled_files(path, &std::sync::Mutex::default())?;
+    }
+    Ok(cleared)
+}
+
+/// Hashes and counts what goes through it.
+struct Hashing<W: Write> {
+    inner: W,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// One put op, as the write-ahead log encodes it.
+fn put(out: &mut impl Write, tree: TreeId, key: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let mut ops = Ops::default();
+    ops.put(tree, key, value);
+    out.write_all(ops.payload())
+}
+
+impl Store {
+    /// Write a snapshot of partition `p` (fed by partition `p` of `topic`)
+    /// into `dir` and delete that partition's older ones past
+    /// [`SNAPSHOTS_KEPT`]. `Ok(None)`: the partition has handled no record
+    /// of `topic` yet, or the newest snapshot already covers its offset.
+    /// Blocking: run it off the async runtime.
+    pub fn write_partition_snapshot(
+        &self,
+        p: u32,
+        topic: &str,
+        dir: &Path,
+    ) -> Result<Option<SnapshotSummary>, SnapshotError> {
+        let started = Instant::now();
+        let folder = partition_dir(dir, topic, p);
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |e: std::io::Error| SnapshotError::Io {
+                path,
+                detail: e.to_string(),
+            }
+        };
+        let Some(tree) = self.trees.partitions.get(p as usize) else {
+            return Err(SnapshotError::Mismatch {
+                path: folder.display().to_string(),
+                detail: format!(
+                    "partition {p} does not exist; the store has {}",
+                    self.partitions
+                ),
+            });
+        };
+        let newest = latest(dir, topic, p).map_err(io(&folder))?;
+        // The keys that change in place, with writes held.
+        let (paused_tx, paused_rx) = mpsc::channel();
+        let (resume_tx, resume_rx) = mpsc::channel::<()>();
+        self.send(Command::Pause {
+            paused: paused_tx,
+            resume: resume_rx,
+        })
+        .map_err(|_| SnapshotError::Closed)?;
+        match paused_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(f)) => return Err(f.into()),
+            Err(_) => return Err(SnapshotError::Closed),
+        }
+        let held = Instant::now();
+        let copied = self.copy_in_place(p, topic, newest.map(|(_, o)| o));
+        drop(resume_tx);
+        let pause = held.elapsed();
+        let Some((info, mutable, grants_n)) = copied? else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(&folder).map_err(io(&folder))?;
+        let name = format!("{:020}.{SNAPSHOT_EXT}", info.offset);
+        let tmp = folder.join(format!(".{name}.{}-{}.tmp", std::process::id(), now_ms()));
+        let write = || -> std::io::Result<(u64, u64)> {
+            let file = File::create(&tmp)?;
+            let mut out = Hashing {
+                inner: BufWriter::with_capacity(1 << 20, file),
+                hash: Sha256::new(),
+                bytes: 0,
+            };
+            out.write_all(SNAPSHOT_MAGIC)?;
+            let header = info.to_json().to_string();
+            let len = u32::try_from(header.len()).unwrap_or(u32::MAX);
+            out.write_all(&len.to_be_bytes())?;
+            out.write_all(header.as_bytes())?;
+            out.write_all(&mutable)?;
+            let mut records = grants_n;
+            // Append-only keys at or below the head: event batches (by
+            // their first seq), history entries and twin snapshots (by the
+            // seq their key ends with).
+            let id = TreeId::partition(p);
+            for kv in tree.range(keys::event(0)..=keys::event(info.head)) {
+                let (k, v) = kv.map_err(std::io::Error::other)?;
+                put(&mut out, id, &k, &v)?;
+                records += 1;
+            }
+            for kind in [keys::HISTORY, keys::SNAPSHOT] {
+                for kv in tree.scan_prefix([kind]) {
+                    let (k, v) = kv.map_err(std::io::Error::other)?;
+                    if keys::trailing_seq(&k).is_some_and(|s| s <= info.head) {
+                        put(&mut out, id, &k, &v)?;
+                        records += 1;
+                    }
+                }
+            }
+            let digest = out.hash.clone().finalize();
+            let bytes = out.bytes + 32;
+            let mut file = out.inner.into_inner().map_err(|e| e.into_error())?;
+            file.write_all(&digest)?;
+            file.sync_all()?;
+            Ok((records, bytes))
+        };
+        let (records, bytes) = match write() {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(io(&tmp)(e));
+            }
+        };
+        let path = folder.join(&name);
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        File::open(&folder)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&folder))?;
+        // Older ones past the kept count (a reader holding one open still
+        // reads it: the file goes once it is closed).
+        if let Ok(all) = list(&folder) {
+            let surplus = all.len().saturating_sub(SNAPSHOTS_KEPT);
+            for (old, _) in all.into_iter().take(surplus) {
+                let _ = std::fs::remove_file(old);
+            }
+        }
+        let took = started.elapsed();
+        self.metrics().add(
+            "palisade_partition_snapshots_written_total",
+            "Partition snapshots written (cluster mode, --snapshot-dir).",
+            &[],
+            1,
+        );
+        tracing::info!(
+            partition = p,
+            offset = info.offset,
+            head = info.head,
+            records,
+            bytes,
+            pause_us = pause.as_micros() as u64,
+            took_ms = took.as_millis() as u64,
+            path = %path.display(),
+            "partition snapshot written"
+        );
+        Ok(Some(SnapshotSummary {
+            info,
+            path,
+            records,
+            bytes,
+            pause,
+            took,
+        }))
+    }
+
+    /// With writes held: the header and the encoded keys of `p` that change
+    /// in place, and how many; `None` if there is nothing new to write.
+    fn copy_in_place(
+        &self,
+        p: u32,
+        topic: &str,
+        newest: Option<u64>,
+    ) -> Result<Option<(SnapshotInfo, Vec<u8>, u64)>, SnapshotError> {
+        let t = &self.trees;
+        let Some(offset) = t
+            .ingest
+            .get(keys::ingest::offset(topic, p))?
+            .and_then(|v| keys::ingest::u64_value(&v))
+        else {
+            return Ok(None);
+        };
+        if newest.is_some_and(|n| n >= offset) {
+            return Ok(None);
+        }
+        let tree = &t.partitions[p as usize];
+        let mut ops = Ops::default();
+        let mut n = 0u64;
+        let id = TreeId::partition(p);
+        let mut head = 0;
+        if let Some(v) = tree.get(keys::META_KEY)? {
+            let m: PartitionMeta = codec::decode(&v).map_err(|e| SnapshotError::Corrupt {
+                path: format!("partition {p}"),
+                detail: format!("its meta does not decode: {e}"),
+            })?;
+            head = m.head;
+            ops.put(id, &keys::META_KEY, &v);
+            n += 1;
+        }
+        let mut tokens = Vec::new();
+        for kind in [keys::TWIN, keys::GRANT] {
+            for kv in tree.scan_prefix([kind]) {
+                let (k, v) = kv?;
+                if kind == keys::GRANT {
+                    tokens.extend(keys::seq_of_event_key(&k));
+                }
+                ops.put(id, &k, &v);
+                n += 1;
+            }
+        }
+        for (tree_id, prefix) in outside_prefixes(topic, p) {
+            let Some(tree) = t.by_id(tree_id) else {
+                continue;
+            };
+            for kv in tree.scan_prefix(&prefix) {
+                let (k, v) = kv?;
+                ops.put(tree_id, &k, &v);
+                n += 1;
+            }
+        }
+        for token in tokens {
+            if let Some(v) = t.token_owners.get(token.to_be_bytes())? {
+                ops.put(TreeId::TOKEN_OWNERS, &token.to_be_bytes(), &v);
+                n += 1;
+            }
+        }
+        let info = SnapshotInfo {
+            format: SNAPSHOT_FORMAT,
+            layout: u64::from(keys::LAYOUT_VERSION),
+            partitions: self.partitions,
+            partition: p,
+            topic: topic.to_owned(),
+            offset,
+            head,
+            taken_at_ms: now_ms(),
+        };
+        Ok(Some((info, ops.payload().to_vec(), n)))
+    }
+
+    /// Replace partition `info.partition`'s state by the snapshot in
+    /// `path` (of `topic`), durably, before this returns. The caller makes
+    /// sure nothing applies that partition meanwhile (cluster mode: its
+    /// consumer is paused, and it is not served).
+    pub async fn load_partition_snapshot(
+        self: &std::sync::Arc<Self>,
+        path: &Path,
+        topic: &str,
+    ) -> Result<SnapshotSummary, SnapshotError> {
+        let started = Instant::now();
+        let info = {
+            let (path, topic, partitions) = (path.to_owned(), topic.to_owned(), self.partitions);
+            tokio::task::spawn_blocking(move || verify(&path, &topic, partitions))
+                .await
+                .map_err(|_| SnapshotError::Closed)??
+        };
+        let p = info.partition;
+        self.write_raw(RawWrite {
+            tree: TreeId::META,
+            key: loading_key(p),
+            value: Some(topic.as_bytes().to_vec()),
+        })
+        .await?;
+        // Every round before the marker is applied: p's keys are replaced
+        // under no one.
+        let records = {
+            let store = self.clone();
+            let (path, topic) = (path.to_owned(), topic.to_owned());
+            tokio::task::spawn_blocking(move || store.replace_keys(&path, &topic, p))
+                .await
+                .map_err(|_| SnapshotError::Closed)??
+        };
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Reload {
+            partition: PartitionId(p),
+            cluster: self.trees.cluster.clone(),
+            ingest: self.trees.ingest.clone(),
+            reply,
+        })
+        .map_err(|_| SnapshotError::Closed)?;
+        rx.await.map_err(|_| SnapshotError::Closed)??;
+        // Durable in sled, and no round of the log from before the load
+        // left to replay over it: then the marker can go.
+        let checkpointer = self
+            .committer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(crate::commit::Committer::checkpointer);
+        let checkpointed = match checkpointer {
+            Some(cp) => tokio::task::spawn_blocking(move || cp.checkpoint())
+                .await
+                .map_err(|_| SnapshotError::Closed)?,
+            None => return Err(SnapshotError::Closed),
+        };
+        match checkpointed {
+            Ok(()) => {
+                self.write_raw(RawWrite {
+                    tree: TreeId::META,
+                    key: loading_key(p),
+                    value: None,
+                })
+                .await?;
+            }
+            // The marker stays: a restart before a checkpoint succeeds
+            // clears the partition, which is then rebuilt. Safe, not fatal.
+            Err(f) => tracing::warn!(
+                partition = p,
+                error = %f,
+                "partition snapshot loaded, but the checkpoint after it failed; a restart before the next one rebuilds the partition"
+            ),
+        }
+        let took = started.elapsed();
+        let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+        self.metrics().add(
+            "palisade_partition_snapshots_loaded_total",
+            "Partition snapshots loaded by a node that gained the partition (cluster mode).",
+            &[],
+            1,
+        );
+        self.metrics().set_gauge(
+            "palisade_partition_snapshot_load_seconds",
+            "How long the last partition snapshot load took, per partition.",
+            &[("partition", &p.to_string())],
+            took.as_secs_f64(),
+        );
+        tracing::info!(
+            partition = p,
+            offset = info.offset,
+            head = info.head,
+            records,
+            bytes,
+            took_ms = took.as_millis() as u64,
+            "partition snapshot loaded"
+        );
+        Ok(SnapshotSummary {
+            info,
+            path: path.to_owned(),
+            records,
+            bytes,
+            pause: std::time::Duration::ZERO,
+            took,
+        })
+    }
+
+    async fn write_raw(&self, w: RawWrite) -> Result<(), SnapshotError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Write {
+            writes: vec![w],
+            reply: Some(reply),
+        })
+        .map_err(|_| SnapshotError::Closed)?;
+        Ok(rx.await.map_err(|_| SnapshotError::Closed)??)
+    }
+
+    /// Clear partition `p`'s keys and write the snapshot's, straight into
+    /// sled. A sled error here stops the store (fail-stop): the partition
+    /// is half written, and only the marker (cleared on open) repairs it.
+    fn replace_keys(&self, path: &Path, topic: &str, p: u32) -> Result<u64, SnapshotError> {
+        let fail = |e: sled::Error| {
+            let f = StorageFailure::new(
+                "snapshot load",
+                std::io::ErrorKind::Other,
+                format!("partition {p}: {e}"),
+            );
+            SnapshotError::Storage(self.commit.health.fail(f, self.metrics()))
+        };
+        clear(&self.trees, topic, p).map_err(fail)?;
+        let mut records = 0u64;
+        let mut batches: std::collections::HashMap<u32, (sled::Batch, usize)> =
+            std::collections::HashMap::new();
+        let apply = |batches: &mut std::collections::HashMap<u32, (sled::Batch, usize)>| {
+            for (id, (batch, _)) in batches.drain() {
+                if let Some(t) = self.trees.by_id(TreeId(id)) {
+                    t.apply_batch(batch)?;
+                }
+            }
+            Ok::<(), sled::Error>(())
+        };
+        let mut pending = 0usize;
+        read_records(path, &mut |tree, key, value| {
+            let (batch, n) = batches.entry(tree.0).or_default();
+            batch.insert(key, value);
+            *n += 1;
+            pending += 1;
+            records += 1;
+            if pending >= LOAD_BATCH {
+                pending = 0;
+                apply(&mut batches).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+        .map_err(|e| match e {
+            ReadFailure::Io(detail) => SnapshotError::Io {
+                path: path.display().to_string(),
+                detail,
+            },
+            ReadFailure::Corrupt(detail) | ReadFailure::Sink(detail) => {
+                fail(sled::Error::Unsupported(detail))
+            }
+        })?;
+        apply(&mut batches).map_err(fail)?;
+        Ok(records)
+    }
+}
+
+enum ReadFailure {
+    Io(String),
+    Corrupt(String),
+    Sink(String),
+}
+
+/// The header of the file at `path`, after its magic.
+fn read_header(r: &mut impl Read) -> Result<(SnapshotInfo, u64), ReadFailure> {
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)
+        .map_err(|e| ReadFailure::Io(e.to_string()))?;
+    if &magic != SNAPSHOT_MAGIC {
+        return Err(ReadFailure::Corrupt(
+            "not a partition snapshot (bad magic)".into(),
+        ));
+    }
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)
+        .map_err(|e| ReadFailure::Io(e.to_string()))?;
+    let len = u32::from_be_bytes(len);
+    if len > MAX_HEADER {
+        return Err(ReadFailure::Corrupt(format!("header of {len} bytes")));
+    }
+    let mut header = vec![0u8; len as usize];
+    r.read_exact(&mut header)
+        .map_err(|e| ReadFailure::Io(e.to_string()))?;
+    let info = serde_json::from_slice::<Value>(&header)
+        .ok()
+        .as_ref()
+        .and_then(SnapshotInfo::from_json)
+        .ok_or_else(|| ReadFailure::Corrupt("its header is not a snapshot header".into()))?;
+    Ok((info, 12 + u64::from(len)))
+}
+
+/// Call `sink` with every record of the file at `path`, in order, checking
+/// each decodes (not the digest: see [`verify`]).
+fn read_records(
+    path: &Path,
+    sink: &mut dyn FnMut(TreeId, &[u8], &[u8]) -> Result<(), String>,
+) -> Result<SnapshotInfo, ReadFailure> {
+    let file = File::open(path).map_err(|e| ReadFailure::Io(e.to_string()))?;
+    let total = file
+        .metadata()
+        .map_err(|e| ReadFailure::Io(e.to_string()))?
+        .len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let (info, start) = read_header(&mut r)?;
+    let mut body = total
+        .checked_sub(start + 32)
+        .ok_or_else(|| ReadFailure::Corrupt("shorter than its header and digest".into()))?;
+    // Records are decoded a chunk at a time; a record is never split.
+    let mut buf: Vec<u8> = Vec::with_capacity(4 << 20);
+    let mut chunk = vec![0u8; 4 << 20];
+    while body > 0 || !buf.is_empty() {
+        if body > 0 {
+            let want = usize::try_from(body.min(chunk.len() as u64)).unwrap_or(chunk.len());
+            r.read_exact(&mut chunk[..want])
+                .map_err(|e| ReadFailure::Io(e.to_string()))?;
+            buf.extend_from_slice(&chunk[..want]);
+            body -= want as u64;
+        }
+        let mut used = 0;
+        let mut rest = &buf[..];
+        while let Some(n) = whole_record(rest) {
+            let one = &rest[..n];
+            match decode_ops(one).next() {
+                Some(Ok(Op::Put { tree, key, value })) => {
+                    sink(tree, key, value).map_err(ReadFailure::Sink)?;
+                }
+                _ => return Err(ReadFailure::Corrupt("a record does not decode".into())),
+            }
+            used += n;
+            rest = &rest[n..];
+        }
+        buf.drain(..used);
+        if body == 0 && !buf.is_empty() {
+            return Err(ReadFailure::Corrupt("its last record is cut".into()));
+        }
+    }
+    Ok(info)
+}
+
+/// The length of the put op at the start of `b`, if all of it is there.
+fn whole_record(b: &[u8]) -> Option<usize> {
+    let u32_at = |i: usize| {
+        b.get(i..i + 4)
+            .and_then(|s| <[u8; 4]>::try_from(s).ok())
+            .map(u32::from_be_bytes)
+    };
+    let klen = u32_at(5)? as usize;
+    let vlen = u32_at(9 + klen)? as usize;
+    let n = 13 + klen + vlen;
+    (b.len() >= n).then_some(n)
+}
+
+/// Check the snapshot at `path` whole before anything is changed: its
+/// digest, its header against the store (`partitions`) and `topic`, and
+/// that every key belongs to its partition.
+pub fn verify(path: &Path, topic: &str, partitions: u32) -> Result<SnapshotInfo, SnapshotError> {
+    let shown = path.display().to_string();
+    let io = |detail: String| SnapshotError::Io {
+        path: shown.clone(),
+        detail,
+    };
+    let corrupt = |detail: String| SnapshotError::Corrupt {
+        path: shown.clone(),
+        detail,
+    };
+    let mismatch = |detail: String| SnapshotError::Mismatch {
+        path: shown.clone(),
+        detail,
+    };
+    // The digest first: SHA-256 of everything before the last 32 bytes.
+    let mut file = File::open(path).map_err(|e| io(e.to_string()))?;
+    let total = file.metadata().map_err(|e| io(e.to_string()))?.len();
+    let body = total
+        .checked_sub(32)
+        .ok_or_else(|| corrupt("shorter than its digest".into()))?;
+    let mut hash = Sha256::new();
+    let mut left = body;
+    let mut chunk = vec![0u8; 1 << 20];
+    while left > 0 {
+        let want = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+        file.read_exact(&mut chunk[..want])
+            .map_err(|e| io(e.to_string()))?;
+        hash.update(&chunk[..want]);
+        left -= want as u64;
+    }
+    let mut digest = [0u8; 32];
+    file.read_exact(&mut digest)
+        .map_err(|e| io(e.to_string()))?;
+    if hash.finalize().as_slice() != digest {
+        return Err(corrupt(
+            "its SHA-256 does not match (cut or changed)".into(),
+        ));
+    }
+    let (info, _) = read_header(&mut BufReader::new(
+        File::open(path).map_err(|e| io(e.to_string()))?,
+    ))
+    .map_err(|e| match e {
+        ReadFailure::Io(d) => io(d),
+        ReadFailure::Corrupt(d) | ReadFailure::Sink(d) => corrupt(d),
+    })?;
+    if info.format != SNAPSHOT_FORMAT {
+        return Err(mismatch(format!(
+            "format {} (this build reads {SNAPSHOT_FORMAT})",
+            info.format
+        )));
+    }
+    if info.layout != u64::from(keys::LAYOUT_VERSION) {
+        return Err(mismatch(format!(
+            "store layout {} (this store is {})",
+            info.layout,
+            keys::LAYOUT_VERSION
+        )));
+    }
+    if info.partitions != partitions || info.partition >= partitions {
+        return Err(mismatch(format!(
+            "partition {} of {} (this store has {partitions})",
+            info.partition, info.partitions
+        )));
+    }
+    if info.topic != topic {
+        return Err(mismatch(format!(
+            "topic {:?} (this node consumes {topic:?})",
+            info.topic
+        )));
+    }
+    // Every key is one of the partition's: grants first (token owners
+    // belong only if the partition holds their grant).
+    let mut grants = Vec::new();
+    let p = info.partition;
+    let mut strays = 0u64;
+    let mut check = |tree: TreeId, key: &[u8], _: &[u8]| {
+        if tree == TreeId::partition(p) && key.first() == Some(&keys::GRANT) {
+            grants.extend(keys::seq_of_event_key(key));
+        }
+        if !belongs(tree, key, topic, p, &grants) {
+            strays += 1;
+        }
+        Ok(())
+    };
+    read_records(path, &mut check).map_err(|e| match e {
+        ReadFailure::Io(d) => io(d),
+        ReadFailure::Corrupt(d) | ReadFailure::Sink(d) => corrupt(d),
+    })?;
+    if strays > 0 {
+        return Err(corrupt(format!(
+            "{strays} keys do not belong to partition {p}"
+        )));
+    }
+    Ok(info)
+}
