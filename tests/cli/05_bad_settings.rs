@@ -55,6 +55,7 @@ fn cases() -> Vec<Case> {
         case("max_connections", "0", "1..=1000000"),
         case("max_connections_per_ip", "1000001", "1..=1000000"),
         case("header_timeout_ms", "0", "100..=86400000"),
+        case("partition_snapshot_interval_ms", "5", "100..=86400000"),
         case("body_timeout_ms", "99", "100..=86400000"),
         case("idle_timeout_ms", "86400001", "100..=86400000"),
         case("kafka_max_record_bytes", "0", "1024..=67108864"),

@@ -203,7 +203,13 @@ pub(crate) const STEP: Duration = Duration::from_secs(180);
 
 /// POST until acknowledged (201), through whichever live node answers,
 /// with the same event id every time (a retried append is stored once).
-async fn append_acked(nodes: &[&Node], twin: &str, token: u64, event_id: &str, patch: &Value) {
+pub(crate) async fn append_acked(
+    nodes: &[&Node],
+    twin: &str,
+    token: u64,
+    event_id: &str,
+    patch: &Value,
+) {
     let c = http();
     let started = Instant::now();
     let mut i = 0usize;

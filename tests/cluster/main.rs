@@ -55,3 +55,9 @@ mod receiver;
 
 #[path = "11_outbox.rs"]
 mod outbox;
+
+#[path = "12_snapshot.rs"]
+mod snapshot;
+
+#[path = "13_handoff_time.rs"]
+mod handoff_time;

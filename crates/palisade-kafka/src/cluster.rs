@@ -38,6 +38,8 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -182,7 +184,7 @@ type Chains = Arc<std::sync::Mutex<HashMap<(u32, u32), u64>>>;
 /// admitted; the wait's number, so that a late answer of an ended wait is
 /// ignored). A revoke or a new assignment of the partition ends its wait
 /// (the assignment sets the position itself).
-type Waiting = Arc<std::sync::Mutex<HashMap<u32, (u64, u64)>>>;
+pub(crate) type Waiting = Arc<std::sync::Mutex<HashMap<u32, (u64, u64)>>>;
 
 struct ClusterContext {
     store: Arc<Store>,
@@ -190,6 +192,24 @@ struct ClusterContext {
     ownership: Arc<dyn Ownership>,
     chains: Chains,
     waiting: Waiting,
+    /// Numbers the waits of [`Waiting`].
+    waits: Arc<AtomicU64>,
+    /// The partition snapshots' folder (decision 0038), if any.
+    snapshots: Option<PathBuf>,
+    /// Partitions assigned with a snapshot newer than this node's copy:
+    /// paused, waiting for the consume loop to load it.
+    loads: mpsc::UnboundedSender<Load>,
+}
+
+/// A partition snapshot to load before a partition assigned here resumes.
+#[derive(Debug)]
+pub(crate) struct Load {
+    pub partition: u32,
+    pub path: PathBuf,
+    /// The last source offset the snapshot covers.
+    pub offset: u64,
+    /// The partition's wait in [`Waiting`].
+    pub wait: u64,
 }
 
 fn tpl_of(topic: &str, partitions: &[u32]) -> TopicPartitionList {
@@ -233,19 +253,27 @@ impl ConsumerContext for ClusterContext {
         }
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let mut loads = Vec::new();
                 for p in &parts {
                     // Resume at the offset stored with the data: a node that
                     // owned p before replays only what it missed; a new one
-                    // replays the whole partition.
+                    // replays the whole partition, unless a snapshot ahead
+                    // of its copy is there to load first (decision 0038).
                     let source = Source::new(self.topic.as_str(), *p);
-                    let resume = self
-                        .store
-                        .source_offset(&source)
-                        .ok()
-                        .flatten()
-                        .map_or(Offset::Beginning, |o| {
-                            Offset::Offset(i64::try_from(o).unwrap_or(i64::MAX - 1) + 1)
-                        });
+                    let local = self.store.source_offset(&source).ok().flatten();
+                    let mut resume = resume_after(local);
+                    if let Some(dir) = &self.snapshots {
+                        match palisade_log::handoff::latest(dir, &self.topic, *p) {
+                            Ok(Some((path, offset))) if local.is_none_or(|l| l < offset) => {
+                                resume = resume_after(Some(offset));
+                                loads.push((*p, path, offset));
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                warn!(partition = p, error = %e, "cluster: cannot list partition snapshots; replaying the log")
+                            }
+                        }
+                    }
                     // After the offset (see `Chains`).
                     let stored = self.store.forward_chains(&source).unwrap_or_default();
                     let mut chains = self
@@ -270,7 +298,33 @@ impl ConsumerContext for ClusterContext {
                 // A pause outlives an unassign: a partition paused while it
                 // waited for its owner lease, revoked and now assigned
                 // again must flow (a no-op for one not paused).
-                assigned.and_then(|()| consumer.resume(&tpl_of(&self.topic, &parts)))
+                let assigned =
+                    assigned.and_then(|()| consumer.resume(&tpl_of(&self.topic, &parts)));
+                // Partitions with a snapshot to load wait for it, paused
+                // (the others flow meanwhile).
+                let ps: Vec<u32> = loads.iter().map(|(p, _, _)| *p).collect();
+                assigned.and_then(|()| {
+                    if ps.is_empty() {
+                        return Ok(());
+                    }
+                    consumer.pause(&tpl_of(&self.topic, &ps))?;
+                    let mut waiting = self
+                        .waiting
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    for (partition, path, offset) in loads {
+                        let wait = self.waits.fetch_add(1, Ordering::Relaxed) + 1;
+                        waiting.insert(partition, (offset + 1, wait));
+                        info!(partition, offset, path = %path.display(), "cluster: partition paused until its snapshot is loaded");
+                        let _ = self.loads.send(Load {
+                            partition,
+                            path,
+                            offset,
+                            wait,
+                        });
+                    }
+                    Ok(())
+                })
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.ownership.revoked(&parts);
@@ -383,12 +437,17 @@ impl ClusterIngester {
         }
         let chains: Chains = Arc::default();
         let waiting: Waiting = Arc::default();
+        let waits = Arc::new(AtomicU64::new(0));
+        let (loads_tx, mut loads) = mpsc::unbounded_channel::<Load>();
         let consumer: Arc<ClusterConsumer> = Arc::new(cc.create_with_context(ClusterContext {
             store: store.clone(),
             topic: cfg.topic.clone(),
             ownership: ownership.clone(),
             chains: chains.clone(),
             waiting: waiting.clone(),
+            waits: waits.clone(),
+            snapshots: cfg.snapshots.as_ref().map(|s| s.dir.clone()),
+            loads: loads_tx,
         })?);
         // The forwarding producer: acks=all and idempotent, so copies of one
         // partition land in the order they are produced, each once.
@@ -510,13 +569,63 @@ impl ClusterIngester {
         let mut owner_fences: HashMap<u32, u64> = HashMap::new();
         // Owner-lease waits that ended: (partition, wait number, answer).
         let (admitted_tx, mut admitted) = mpsc::unbounded_channel::<(u32, u64, Admission)>();
-        let mut waits = 0u64;
+        // Snapshot loads and writes take turns (one partition's keys are
+        // never read while they are replaced).
+        let handoff = Arc::new(tokio::sync::Mutex::new(()));
+        let (loaded_tx, mut loaded) =
+            mpsc::unbounded_channel::<(Load, Result<(), palisade_log::handoff::SnapshotError>)>();
+        let snapshotter = cfg.snapshots.clone().map(|s| {
+            tokio::spawn(crate::snapshots::write_loop(
+                store.clone(),
+                cfg.topic.clone(),
+                s,
+                ownership.clone(),
+                waiting.clone(),
+                handoff.clone(),
+            ))
+        });
         let result: Result<(), KafkaIngestError> = async {
             loop {
                 let msg = tokio::select! {
                     m = consumer.recv() => m?,
                     Some((p, wait, answer)) = admitted.recv() => {
                         if !admit_waited(&consumer, &cfg.topic, &waiting, p, wait, answer) {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    Some(load) = loads.recv() => {
+                        let (store, topic, tx, done, handoff) = (store.clone(), cfg.topic.clone(), tx.clone(), loaded_tx.clone(), handoff.clone());
+                        tokio::spawn(async move {
+                            let _turn = handoff.lock().await;
+                            // Whatever of p is still queued is applied first.
+                            barrier(&tx).await;
+                            let r = crate::snapshots::load(&store, &topic, &load).await;
+                            let _ = done.send((load, r));
+                        });
+                        continue;
+                    }
+                    Some((load, r)) = loaded.recv() => {
+                        let p = load.partition;
+                        match r {
+                            Ok(()) => {}
+                            Err(e @ (palisade_log::handoff::SnapshotError::Storage(_) | palisade_log::handoff::SnapshotError::Closed)) => {
+                                return Err(KafkaIngestError::Store(AppendError::Storage(e.to_string())));
+                            }
+                            Err(e) => warn!(partition = p, error = %e, "cluster: partition snapshot not loaded; replaying the log from this node's copy"),
+                        }
+                        // Whatever happened, the store's offset is where p
+                        // resumes; its owner fence and chains are re-read.
+                        owner_fences.remove(&p);
+                        let source = Source::new(cfg.topic.as_str(), p);
+                        let stored = store.forward_chains(&source).unwrap_or_default();
+                        {
+                            let mut chains = chains.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                            chains.retain(|(from, _), _| *from != p);
+                            chains.extend(stored.into_iter().map(|(to, o)| ((p, to), o)));
+                        }
+                        let at = resume_after(store.source_offset(&source).ok().flatten());
+                        if !resume_waited(&consumer, &cfg.topic, &waiting, p, load.wait, at) {
                             return Ok(());
                         }
                         continue;
@@ -621,10 +730,10 @@ impl ClusterIngester {
                             warn!(partition = p, error = %e, "cluster: cannot pause a partition waiting for its owner lease; rejoining");
                             return Ok(());
                         }
-                        waits += 1;
-                        waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(p, (o, waits));
+                        let wait = waits.fetch_add(1, Ordering::Relaxed) + 1;
+                        waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(p, (o, wait));
                         info!(partition = p, offset = o, "cluster: partition paused until this node holds its owner lease");
-                        let (ownership, done, wait) = (ownership.clone(), admitted_tx.clone(), waits);
+                        let (ownership, done) = (ownership.clone(), admitted_tx.clone());
                         tokio::spawn(async move {
                             let answer = ownership.admit(p).await;
                             let _ = done.send((p, wait, answer));
@@ -740,6 +849,9 @@ impl ClusterIngester {
         .await;
         drop(tx);
         lag.abort();
+        if let Some(s) = snapshotter {
+            s.abort();
+        }
         let stepped = stepper.await.unwrap_or(Ok(()));
         let acked = acker.await.unwrap_or(Ok(()));
         result.and(stepped).and(acked)
@@ -779,24 +891,7 @@ fn admit_waited(
             // waited (librdkafka resumes after the last record handed
             // out): seek back to it first.
             let at = Offset::Offset(i64::try_from(from).unwrap_or(i64::MAX));
-            let partition = i32::try_from(p).unwrap_or(i32::MAX);
-            match consumer
-                .seek(topic, partition, at, Duration::from_secs(10))
-                .and_then(|()| consumer.resume(&tpl_of(topic, &[p])))
-            {
-                Ok(()) => {
-                    info!(
-                        partition = p,
-                        offset = from,
-                        "cluster: owner lease had; partition resumed"
-                    );
-                    true
-                }
-                Err(e) => {
-                    warn!(partition = p, error = %e, "cluster: cannot resume a partition where it waited; rejoining");
-                    false
-                }
-            }
+            resume_at(consumer, topic, p, at, "owner lease had")
         }
         Admission::NotAssigned => true,
         Admission::Lost => {
@@ -807,6 +902,57 @@ fn admit_waited(
             false
         }
     }
+}
+
+/// Seek paused partition `p` to `at` and resume it; `false`: rejoin.
+fn resume_at(consumer: &ClusterConsumer, topic: &str, p: u32, at: Offset, why: &str) -> bool {
+    let partition = i32::try_from(p).unwrap_or(i32::MAX);
+    match consumer
+        .seek(topic, partition, at, Duration::from_secs(10))
+        .and_then(|()| consumer.resume(&tpl_of(topic, &[p])))
+    {
+        Ok(()) => {
+            info!(partition = p, offset = ?at, "cluster: {why}; partition resumed");
+            true
+        }
+        Err(e) => {
+            warn!(partition = p, error = %e, "cluster: cannot resume a partition where it waited; rejoining");
+            false
+        }
+    }
+}
+
+/// The snapshot load of `p`'s wait `wait` ended: if it is still p's
+/// current wait, resume p at `at`. `false`: rejoin.
+fn resume_waited(
+    consumer: &ClusterConsumer,
+    topic: &str,
+    waiting: &Waiting,
+    p: u32,
+    wait: u64,
+    at: Offset,
+) -> bool {
+    {
+        let mut w = waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match w.get(&p) {
+            Some((_, n)) if *n == wait => {
+                w.remove(&p);
+            }
+            // Revoked or assigned again meanwhile (that assignment set the
+            // position itself).
+            _ => return true,
+        }
+    }
+    resume_at(consumer, topic, p, at, "snapshot handled")
+}
+
+/// Where a partition resumes after `stored`, the last offset handled.
+fn resume_after(stored: Option<u64>) -> Offset {
+    stored.map_or(Offset::Beginning, |o| {
+        Offset::Offset(i64::try_from(o).unwrap_or(i64::MAX - 1) + 1)
+    })
 }
 
 /// `record` with the version its `palisade-if-match` header expects (a

@@ -43,6 +43,18 @@ pub struct IngestConfig {
     /// refuses is dead-lettered. `None`: every well-formed record is fenced
     /// and applied as before.
     pub auth: Option<std::sync::Arc<dyn crate::RecordAuth>>,
+    /// Cluster mode: partition snapshots that bound a handoff
+    /// (`cluster.rs`, decision 0038). `None`: a node that gains a
+    /// partition replays its log from its own copy's offset.
+    pub snapshots: Option<SnapshotSettings>,
+}
+
+/// Where partition snapshots go and how often the owner writes them.
+#[derive(Debug, Clone)]
+pub struct SnapshotSettings {
+    /// A folder every node reaches.
+    pub dir: std::path::PathBuf,
+    pub every: Duration,
 }
 
 impl IngestConfig {
@@ -57,6 +69,7 @@ impl IngestConfig {
             client_settings: Vec::new(),
             topic_wait: Duration::from_secs(60),
             auth: None,
+            snapshots: None,
         }
     }
 }

@@ -26,6 +26,7 @@ mod message;
 mod publisher;
 mod record_log;
 pub mod sign;
+mod snapshots;
 
 /// Types generated from `proto/palisade/v1/event.proto`.
 #[allow(clippy::all, missing_debug_implementations)]
@@ -34,7 +35,7 @@ pub mod proto {
 }
 
 pub use decode::{decode, Decoded, RawRecord, Refusal};
-pub use ingester::{IngestConfig, Ingester, KafkaIngestError};
+pub use ingester::{IngestConfig, Ingester, KafkaIngestError, SnapshotSettings};
 pub use publisher::{PublishError, Publisher};
 pub use record_log::KafkaLog;
 pub use sign::RecordAuth;

@@ -880,3 +880,80 @@ pub fn verify(path: &Path, topic: &str, partitions: u32) -> Result<SnapshotInfo,
     }
     Ok(info)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::{IngestOutcome, IngestRecord, Source, StoreConfig};
+    use palisade_core::{partition_for, FencingToken, NewEvent, Scope, TwinId};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_cut_short_clears_its_partition_on_open_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = || StoreConfig {
+            partitions: Some(2),
+            ..StoreConfig::default()
+        };
+        let twin_in = |p: u32| {
+            (0..100)
+                .map(|i| TwinId::new(format!("t{i}")).unwrap())
+                .find(|t| partition_for(t, 2).0 == p)
+                .unwrap()
+        };
+        {
+            let store = Store::open(dir.path(), cfg()).unwrap();
+            for p in 0..2 {
+                let twin = twin_in(p);
+                store
+                    .register_grant(FencingToken(7), Scope::Twin(twin.clone()), "w".into())
+                    .await
+                    .unwrap();
+                let rec = IngestRecord::Append {
+                    twin,
+                    token: FencingToken(7),
+                    events: vec![NewEvent {
+                        event_id: "e".into(),
+                        event_type: "t".into(),
+                        patch: serde_json::Map::new(),
+                        hlc: None,
+                    }],
+                    if_match: None,
+                    effects: Vec::new(),
+                };
+                let o = store
+                    .enqueue_ingest(&Source::new("tw", p), 0, rec)
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert!(matches!(o, IngestOutcome::Applied(_)), "{o:?}");
+            }
+            store.close().await;
+        }
+        // What a load leaves if the process dies before it finishes.
+        {
+            let Ok(db) = crate::store::open_sled(dir.path(), 1 << 20) else {
+                panic!("sled does not open");
+            };
+            db.open_tree("meta")
+                .unwrap()
+                .insert(loading_key(1), &b"tw"[..])
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let store = Store::open(dir.path(), cfg()).unwrap();
+        assert_eq!(store.source_offset(&Source::new("tw", 1)).unwrap(), None);
+        assert_eq!(store.partition_infos().unwrap()[1].head, 0);
+        assert!(store
+            .twin(&twin_in(1), crate::AsOf::Latest)
+            .unwrap()
+            .is_none());
+        // Partition 0 is untouched, and the marker is gone.
+        assert_eq!(store.source_offset(&Source::new("tw", 0)).unwrap(), Some(0));
+        assert_eq!(store.partition_infos().unwrap()[0].head, 1);
+        assert!(store.trees.meta.get(loading_key(1)).unwrap().is_none());
+        store.close().await;
+    }
+}

@@ -183,6 +183,18 @@ pub struct ServeConfig {
     /// certificate or one signed by the roots in it).
     #[arg(long, env = "PALISADE_CLUSTER_CA_FILE", value_name = "FILE")]
     pub cluster_ca_file: Option<PathBuf>,
+    /// Cluster mode: a folder every node reaches (a shared volume) for
+    /// partition snapshots. The owner of a partition writes one there every
+    /// --partition-snapshot-interval-ms; a node that gains the partition
+    /// loads the newest and replays only the log after it, so a handoff is
+    /// bounded by the interval, not the log's length
+    /// (docs/decisions/0038-partition-snapshots.md).
+    #[arg(long, env = "PALISADE_PARTITION_SNAPSHOT_DIR", value_name = "DIR")]
+    pub partition_snapshot_dir: Option<PathBuf>,
+    /// Cluster mode: how often the owner of a partition writes its snapshot
+    /// (only if the partition moved on since the last one).
+    #[arg(long, env = "PALISADE_PARTITION_SNAPSHOT_INTERVAL_MS", default_value_t = 60_000, value_parser = bounds::parser::<u64>(bounds::TIMEOUT_MS))]
+    pub partition_snapshot_interval_ms: u64,
 }
 
 /// Where leases and fencing tokens come from.
@@ -277,6 +289,11 @@ impl ServeConfig {
     /// touches the disk.
     pub fn validate(&self) -> Result<Mode, ConfigError> {
         bounds::check(self)?;
+        if self.partition_snapshot_dir.is_some() && self.cluster_node.is_none() {
+            return Err(ConfigError::Combination(
+                "--partition-snapshot-dir is for cluster mode (--cluster-node): one node has no handoff",
+            ));
+        }
         let etcd = || EtcdSettings {
             endpoints: self.etcd_endpoints.clone(),
             prefix: self.etcd_prefix.clone(),
@@ -342,6 +359,13 @@ impl ServeConfig {
         c.max_value_bytes = self.kafka_max_record_bytes;
         c.strict_partitioning = self.kafka_strict_partitioning;
         c.client_settings.clone_from(&self.kafka_settings);
+        c.snapshots =
+            self.partition_snapshot_dir
+                .clone()
+                .map(|dir| palisade_kafka::SnapshotSettings {
+                    dir,
+                    every: std::time::Duration::from_millis(self.partition_snapshot_interval_ms),
+                });
         Some(c)
     }
 
@@ -402,6 +426,9 @@ mod tests {
         );
         let mut cluster = on_etcd.to_vec();
         cluster.extend(["--cluster-node", "n1", "--kafka-brokers", "127.0.0.1:9092"]);
+        let mut with_snapshots = cluster.clone();
+        with_snapshots.extend(["--partition-snapshot-dir", "/tmp/snaps"]);
+        assert!(matches!(mode(&with_snapshots), Ok(Mode::Cluster { .. })));
         assert_eq!(
             mode(&cluster),
             Ok(Mode::Cluster {
@@ -422,6 +449,8 @@ mod tests {
                 "--etcd-endpoints",
                 "e:1",
             ],
+            // Partition snapshots are for a cluster's handoffs.
+            &["--partition-snapshot-dir", "/tmp/snaps"],
         ] {
             assert!(
                 matches!(mode(args), Err(ConfigError::Combination(_))),

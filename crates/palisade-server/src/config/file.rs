@@ -258,6 +258,7 @@ pub fn unset_note(key: &str) -> &'static str {
         "etcd_endpoints" => "none (needed by lease_backend = \"etcd\")",
         "cluster_node" => "single-node mode",
         "cluster_advertise" => "http:// + listen",
+        "partition_snapshot_dir" => "no partition snapshots: a handoff replays the partition's log",
         _ => "none",
     }
 }
