@@ -54,7 +54,7 @@ async fn gauge(node: &Node, name: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 struct Row {

@@ -316,6 +316,9 @@ impl From<ReadError> for ApiError {
         let msg = e.to_string();
         match e {
             ReadError::UnknownPartition { .. } => Self::not_found(ErrorName::UnknownPartition, msg),
+            ReadError::HistoryLoading { .. } => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorName::NotServing, msg)
+            }
             ReadError::Storage(_) | ReadError::Damaged { .. } => {
                 Self::internal(ErrorName::Storage, &msg)
             }

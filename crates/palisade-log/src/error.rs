@@ -140,6 +140,10 @@ pub enum ReadError {
     Storage(#[from] sled::Error),
     #[error("damaged record under key {key:02x?}: {source}")]
     Damaged { key: Vec<u8>, source: CodecError },
+    /// Cluster mode: the partition was loaded from a partition snapshot
+    /// and its history up to `through` is still being written.
+    #[error("partition {partition}'s history up to seq {through} is still being written from a partition snapshot; retry in a moment (current state reads work)")]
+    HistoryLoading { partition: u32, through: u64 },
 }
 
 /// Why a dead outbox effect was not removed ([`crate::Store::outbox_remove_dead`]).

@@ -41,6 +41,7 @@
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -49,11 +50,12 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
+use crate::batch::DEDUPE_GENERATION;
 use crate::commit::{StorageFailure, Trees};
 use crate::keys;
 use crate::records::PartitionMeta;
 use crate::store::Store;
-use crate::wal::{decode_ops, Op, Ops, TreeId};
+use crate::wal::{Ops, TreeId};
 use crate::writer::{Command, RawWrite};
 
 /// First bytes of a partition snapshot file.
@@ -67,7 +69,10 @@ pub const SNAPSHOTS_KEPT: usize = 2;
 /// `meta` key of an unfinished load: `snapshot-loading/ ++ partition:u32
 /// BE` -> the topic.
 const LOADING_PREFIX: &[u8] = b"snapshot-loading/";
-/// Records written to sled per batch while loading.
+/// `meta` key of a load whose history backfill has not ended:
+/// `snapshot-backfill/ ++ partition:u32 BE` -> the topic.
+const BACKFILL_PREFIX: &[u8] = b"snapshot-backfill/";
+/// The history backfill checks whether the store is closing every this many records.
 const LOAD_BATCH: usize = 16_384;
 /// A header is at most this long (it is a few hundred bytes).
 const MAX_HEADER: u32 = 1 << 20;
@@ -239,8 +244,8 @@ fn clear(trees: &Trees, topic: &str, p: u32) -> Result<(), sled::Error> {
     Ok(())
 }
 
-fn loading_key(p: u32) -> Vec<u8> {
-    let mut k = LOADING_PREFIX.to_vec();
+fn marker_key(prefix: &[u8], p: u32) -> Vec<u8> {
+    let mut k = prefix.to_vec();
     k.extend_from_slice(&p.to_be_bytes());
     k
 }
@@ -254,10 +259,17 @@ pub(crate) fn finish_unfinished(
     trees: &Trees,
 ) -> Result<usize, sled::Error> {
     let mut cleared = 0;
-    for kv in trees.meta.scan_prefix(LOADING_PREFIX) {
+    let markers = trees
+        .meta
+        .scan_prefix(LOADING_PREFIX)
+        .chain(trees.meta.scan_prefix(BACKFILL_PREFIX));
+    for kv in markers {
         let (k, v) = kv?;
+        // The partition: the key's last 4 bytes.
         let Some(p) = k
-            .get(LOADING_PREFIX.len()..)
+            .len()
+            .checked_sub(4)
+            .and_then(|i| k.get(i..))
             .and_then(|b| <[u8; 4]>::try_from(b).ok())
             .map(u32::from_be_bytes)
         else {
@@ -267,7 +279,7 @@ pub(crate) fn finish_unfinished(
         tracing::warn!(
             partition = p,
             topic,
-            "a partition snapshot's load did not finish: the partition's keys are cleared; it is rebuilt when next assigned"
+            "a partition snapshot's load (or its history backfill) did not finish: the partition's keys are cleared; it is rebuilt when next assigned"
         );
         clear(trees, &topic, p)?;
         trees.meta.remove(&k)?;
@@ -337,6 +349,10 @@ impl Store {
                 ),
             });
         };
+        if !self.history_complete(p) {
+            // Its older history is still being written from a snapshot.
+            return Ok(None);
+        }
         let newest = latest(dir, topic, p).map_err(io(&folder))?;
         // The keys that change in place, with writes held.
         let (paused_tx, paused_rx) = mpsc::channel();
@@ -369,17 +385,21 @@ impl Store {
                 bytes: 0,
             };
             out.write_all(SNAPSHOT_MAGIC)?;
-            let header = info.to_json().to_string();
+            let mut header = info.to_json();
+            header["state_records"] = json!(grants_n);
+            let header = header.to_string();
             let len = u32::try_from(header.len()).unwrap_or(u32::MAX);
             out.write_all(&len.to_be_bytes())?;
             out.write_all(header.as_bytes())?;
             out.write_all(&mutable)?;
             let mut records = grants_n;
             // Append-only keys at or below the head: event batches (by
-            // their first seq), history entries and twin snapshots (by the
-            // seq their key ends with).
+            // their first seq, newest first: a load writes the ones the
+            // dedupe window needs before the partition resumes, the rest
+            // after), history entries and twin snapshots (by the seq their
+            // key ends with).
             let id = TreeId::partition(p);
-            for kv in tree.range(keys::event(0)..=keys::event(info.head)) {
+            for kv in tree.range(keys::event(0)..=keys::event(info.head)).rev() {
                 let (k, v) = kv.map_err(std::io::Error::other)?;
                 put(&mut out, id, &k, &v)?;
                 records += 1;
@@ -522,37 +542,77 @@ impl Store {
     }
 
     /// Replace partition `info.partition`'s state by the snapshot in
-    /// `path` (of `topic`), durably, before this returns. The caller makes
-    /// sure nothing applies that partition meanwhile (cluster mode: its
-    /// consumer is paused, and it is not served).
+    /// `path` (of `topic`). Returns once the partition can be applied and
+    /// served: its state (twin records, fences, grants, offsets, outbox,
+    /// refusals) and the event batches its dedupe window needs are in sled,
+    /// durably. The rest of its history (older event batches, history
+    /// entries, twin snapshots) is written by a background thread after;
+    /// until it is, reads that need it are refused
+    /// ([`crate::ReadError::HistoryLoading`]) and no snapshot of the
+    /// partition is written. The caller makes sure nothing applies the
+    /// partition while this runs (cluster mode: its consumer is paused, and
+    /// it is not served).
     pub async fn load_partition_snapshot(
         self: &std::sync::Arc<Self>,
         path: &Path,
         topic: &str,
     ) -> Result<SnapshotSummary, SnapshotError> {
         let started = Instant::now();
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(|e| SnapshotError::Io {
+            path: shown.clone(),
+            detail: e.to_string(),
+        })?;
+        // One open file for the whole load (a newer snapshot may replace
+        // and delete this one meanwhile). Its clones share one position:
+        // the phases below use it one after the other, each seeking first.
+        let clone = |f: &File| {
+            f.try_clone().map_err(|e| SnapshotError::Io {
+                path: shown.clone(),
+                detail: e.to_string(),
+            })
+        };
         let info = {
-            let (path, topic, partitions) = (path.to_owned(), topic.to_owned(), self.partitions);
-            tokio::task::spawn_blocking(move || verify(&path, &topic, partitions))
+            let (f, shown, topic, partitions) = (
+                clone(&file)?,
+                shown.clone(),
+                topic.to_owned(),
+                self.partitions,
+            );
+            tokio::task::spawn_blocking(move || verify_file(f, &shown, &topic, partitions))
                 .await
                 .map_err(|_| SnapshotError::Closed)??
         };
-        let p = info.partition;
-        self.write_raw(RawWrite {
+        let p = info.info.partition;
+        if self.backfill[p as usize].load(Ordering::Acquire) != 0 {
+            return Err(SnapshotError::Mismatch {
+                path: shown,
+                detail: format!(
+                    "partition {p} is still writing the history of an earlier snapshot"
+                ),
+            });
+        }
+        self.write_raw(vec![RawWrite {
             tree: TreeId::META,
-            key: loading_key(p),
+            key: marker_key(LOADING_PREFIX, p),
             value: Some(topic.as_bytes().to_vec()),
-        })
+        }])
         .await?;
         // Every round before the marker is applied: p's keys are replaced
         // under no one.
-        let records = {
+        let (records, rest) = {
             let store = self.clone();
-            let (path, topic) = (path.to_owned(), topic.to_owned());
-            tokio::task::spawn_blocking(move || store.replace_keys(&path, &topic, p))
+            let (f, topic, state) = (clone(&file)?, topic.to_owned(), info.state_records);
+            tokio::task::spawn_blocking(move || store.replace_state(f, &topic, p, state))
                 .await
                 .map_err(|_| SnapshotError::Closed)??
         };
+        // History at or below the snapshot's head may be missing until the
+        // backfill ends.
+        let backfilling = rest.is_some() && info.info.head > 0;
+        if backfilling {
+            self.backfill[p as usize].store(info.info.head, Ordering::Release);
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Command::Reload {
             partition: PartitionId(p),
@@ -562,36 +622,36 @@ impl Store {
         })
         .map_err(|_| SnapshotError::Closed)?;
         rx.await.map_err(|_| SnapshotError::Closed)??;
-        // Durable in sled, and no round of the log from before the load
-        // left to replay over it: then the marker can go.
-        let checkpointer = self
-            .committer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .map(crate::commit::Committer::checkpointer);
-        let checkpointed = match checkpointer {
-            Some(cp) => tokio::task::spawn_blocking(move || cp.checkpoint())
-                .await
-                .map_err(|_| SnapshotError::Closed)?,
-            None => return Err(SnapshotError::Closed),
-        };
-        match checkpointed {
-            Ok(()) => {
-                self.write_raw(RawWrite {
-                    tree: TreeId::META,
-                    key: loading_key(p),
-                    value: None,
-                })
-                .await?;
-            }
-            // The marker stays: a restart before a checkpoint succeeds
-            // clears the partition, which is then rebuilt. Safe, not fatal.
-            Err(f) => tracing::warn!(
-                partition = p,
-                error = %f,
-                "partition snapshot loaded, but the checkpoint after it failed; a restart before the next one rebuilds the partition"
-            ),
+        self.checkpoint_now().await?;
+        // The load is done; the backfill's marker replaces it (a restart
+        // before the backfill ends clears the partition, as a cut load does).
+        let mut writes = vec![RawWrite {
+            tree: TreeId::META,
+            key: marker_key(LOADING_PREFIX, p),
+            value: None,
+        }];
+        if backfilling {
+            writes.push(RawWrite {
+                tree: TreeId::META,
+                key: marker_key(BACKFILL_PREFIX, p),
+                value: Some(topic.as_bytes().to_vec()),
+            });
+        }
+        self.write_raw(writes).await?;
+        if let (true, Some(from)) = (backfilling, rest) {
+            let store = self.clone();
+            let f = clone(&file)?;
+            let handle = std::thread::Builder::new()
+                .name(format!("palisade-backfill-{p}"))
+                .spawn(move || store.backfill_history(f, p, from))
+                .map_err(|e| SnapshotError::Io {
+                    path: shown.clone(),
+                    detail: format!("cannot start the history backfill: {e}"),
+                })?;
+            self.backfills
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(handle);
         }
         let took = started.elapsed();
         let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
@@ -603,21 +663,22 @@ impl Store {
         );
         self.metrics().set_gauge(
             "palisade_partition_snapshot_load_seconds",
-            "How long the last partition snapshot load took, per partition.",
+            "How long the last partition snapshot load took until the partition could be served, per partition (its older history is written after, in the background).",
             &[("partition", &p.to_string())],
             took.as_secs_f64(),
         );
         tracing::info!(
             partition = p,
-            offset = info.offset,
-            head = info.head,
+            offset = info.info.offset,
+            head = info.info.head,
             records,
             bytes,
             took_ms = took.as_millis() as u64,
+            backfilling,
             "partition snapshot loaded"
         );
         Ok(SnapshotSummary {
-            info,
+            info: info.info,
             path: path.to_owned(),
             records,
             bytes,
@@ -626,75 +687,214 @@ impl Store {
         })
     }
 
-    async fn write_raw(&self, w: RawWrite) -> Result<(), SnapshotError> {
+    /// Whether partition `p`'s history is all there (no snapshot backfill
+    /// running).
+    pub fn history_complete(&self, p: u32) -> bool {
+        self.backfill
+            .get(p as usize)
+            .is_none_or(|b| b.load(Ordering::Acquire) == 0)
+    }
+
+    /// Refuse a read that needs partition `p`'s history at or below `seq`
+    /// while a backfill is writing it.
+    pub(crate) fn history_ready(&self, p: PartitionId, seq: u64) -> Result<(), crate::ReadError> {
+        let through = self
+            .backfill
+            .get(p.0 as usize)
+            .map_or(0, |b| b.load(Ordering::Acquire));
+        if through != 0 && seq <= through {
+            return Err(crate::ReadError::HistoryLoading {
+                partition: p.0,
+                through,
+            });
+        }
+        Ok(())
+    }
+
+    /// A checkpoint now: sled durable, the write-ahead log trimmed of every
+    /// round applied so far.
+    async fn checkpoint_now(&self) -> Result<(), SnapshotError> {
+        let checkpointer = self
+            .committer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(crate::commit::Committer::checkpointer)
+            .ok_or(SnapshotError::Closed)?;
+        tokio::task::spawn_blocking(move || checkpointer.checkpoint())
+            .await
+            .map_err(|_| SnapshotError::Closed)?
+            .map_err(SnapshotError::Storage)
+    }
+
+    async fn write_raw(&self, writes: Vec<RawWrite>) -> Result<(), SnapshotError> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Write {
-            writes: vec![w],
+            writes,
             reply: Some(reply),
         })
         .map_err(|_| SnapshotError::Closed)?;
         Ok(rx.await.map_err(|_| SnapshotError::Closed)??)
     }
 
-    /// Clear partition `p`'s keys and write the snapshot's, straight into
-    /// sled. A sled error here stops the store (fail-stop): the partition
-    /// is half written, and only the marker (cleared on open) repairs it.
-    fn replace_keys(&self, path: &Path, topic: &str, p: u32) -> Result<u64, SnapshotError> {
-        let fail = |e: sled::Error| {
-            let f = StorageFailure::new(
-                "snapshot load",
-                std::io::ErrorKind::Other,
-                format!("partition {p}: {e}"),
-            );
-            SnapshotError::Storage(self.commit.health.fail(f, self.metrics()))
-        };
-        clear(&self.trees, topic, p).map_err(fail)?;
-        let mut records = 0u64;
-        let mut batches: std::collections::HashMap<u32, (sled::Batch, usize)> =
-            std::collections::HashMap::new();
-        let apply = |batches: &mut std::collections::HashMap<u32, (sled::Batch, usize)>| {
-            for (id, (batch, _)) in batches.drain() {
-                if let Some(t) = self.trees.by_id(TreeId(id)) {
-                    t.apply_batch(batch)?;
+    fn storage_failure(&self, p: u32, detail: String) -> SnapshotError {
+        let f = StorageFailure::new(
+            "snapshot load",
+            std::io::ErrorKind::Other,
+            format!("partition {p}: {detail}"),
+        );
+        SnapshotError::Storage(self.commit.health.fail(f, self.metrics()))
+    }
+
+    /// Clear partition `p`'s keys and write, straight into sled, the
+    /// snapshot's state records and then its newest event batches, until
+    /// they hold the partition's last [`DEDUPE_GENERATION`] events (its
+    /// dedupe window). Returns the records written and where in the file
+    /// the rest of the history starts (`None`: nothing is left). A sled
+    /// error stops the store (fail-stop): the partition is half written,
+    /// and only the marker (cleared on open) repairs it.
+    fn replace_state(
+        &self,
+        file: File,
+        topic: &str,
+        p: u32,
+        state_records: u64,
+    ) -> Result<(u64, Option<u64>), SnapshotError> {
+        clear(&self.trees, topic, p).map_err(|e| self.storage_failure(p, e.to_string()))?;
+        let mut r = RecordReader::open(file).map_err(|e| self.read_failure(p, e))?;
+        let mut written = 0u64;
+        let mut events = 0usize;
+        let mut w = Writer::new(&self.trees);
+        while let Some((tree, key, value)) = r.next().map_err(|e| self.read_failure(p, e))? {
+            let state = written < state_records;
+            if !state {
+                // History: event batches come first, newest first.
+                if key.first() != Some(&keys::EVENT) || events >= DEDUPE_GENERATION {
+                    return Ok((written, Some(r.position_of_last())));
+                }
+                let b: crate::batch::EventBatch = codec::decode(&value)
+                    .map_err(|e| self.read_failure(p, ReadFailure::Corrupt(e.to_string())))?;
+                events += b.events.len();
+            }
+            w.put(tree, key, value)
+                .map_err(|e| self.storage_failure(p, e.to_string()))?;
+            written += 1;
+        }
+        Ok((written, None))
+    }
+
+    fn read_failure(&self, p: u32, e: ReadFailure) -> SnapshotError {
+        // The file was checked whole before anything was changed: one that
+        // no longer reads back was changed or cut since.
+        self.storage_failure(
+            p,
+            format!(
+                "the snapshot file changed while it was loaded: {}",
+                e.text()
+            ),
+        )
+    }
+
+    /// The background part of a load: the rest of the snapshot's history
+    /// from `from` (a byte position in the file), then a checkpoint, then
+    /// the marker goes and the partition's history reads are open. Stops
+    /// (leaving the marker, so the next open clears the partition) if the
+    /// store closes or a write fails.
+    fn backfill_history(self: std::sync::Arc<Self>, file: File, p: u32, from: u64) {
+        let started = Instant::now();
+        let run = || -> Result<u64, String> {
+            let mut r = RecordReader::open_at(file, from).map_err(|e| e.text())?;
+            let mut w = Writer::new(&self.trees);
+            let mut n = 0u64;
+            while let Some((tree, key, value)) = r.next().map_err(|e| e.text())? {
+                if tree != TreeId::partition(p) {
+                    return Err(format!("a history record of tree {:#x}", tree.0));
+                }
+                w.put(tree, key, value).map_err(|e| e.to_string())?;
+                n += 1;
+                if n.is_multiple_of(LOAD_BATCH as u64) && self.closing.load(Ordering::Acquire) {
+                    return Err("the store is closing".into());
                 }
             }
-            Ok::<(), sled::Error>(())
+            Ok(n)
         };
-        let mut pending = 0usize;
-        read_records(path, &mut |tree, key, value| {
-            let (batch, n) = batches.entry(tree.0).or_default();
-            batch.insert(key, value);
-            *n += 1;
-            pending += 1;
-            records += 1;
-            if pending >= LOAD_BATCH {
-                pending = 0;
-                apply(&mut batches).map_err(|e| e.to_string())?;
+        let n = match run() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "partition snapshot: the history backfill stopped; the partition's history before the snapshot is incomplete until the store restarts (which clears the partition, rebuilt when next assigned)");
+                return;
             }
-            Ok(())
-        })
-        .map_err(|e| match e {
-            ReadFailure::Io(detail) => SnapshotError::Io {
-                path: path.display().to_string(),
-                detail,
-            },
-            ReadFailure::Corrupt(detail) | ReadFailure::Sink(detail) => {
-                fail(sled::Error::Unsupported(detail))
+        };
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().build() else {
+            return;
+        };
+        let finished = rt.block_on(async {
+            self.checkpoint_now().await?;
+            self.write_raw(vec![RawWrite {
+                tree: TreeId::META,
+                key: marker_key(BACKFILL_PREFIX, p),
+                value: None,
+            }])
+            .await
+        });
+        match finished {
+            Ok(()) => {
+                self.backfill[p as usize].store(0, Ordering::Release);
+                let took = started.elapsed();
+                self.metrics().set_gauge(
+                    "palisade_partition_snapshot_backfill_seconds",
+                    "How long the last history backfill after a partition snapshot load took, per partition.",
+                    &[("partition", &p.to_string())],
+                    took.as_secs_f64(),
+                );
+                tracing::info!(
+                    partition = p,
+                    records = n,
+                    took_ms = took.as_millis() as u64,
+                    "partition snapshot: history backfilled; the partition's whole history is readable"
+                );
             }
-        })?;
-        apply(&mut batches).map_err(fail)?;
-        Ok(records)
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "partition snapshot: history written but not made durable; the next open clears the partition")
+            }
+        }
+    }
+}
+
+/// Writes records straight into sled (plain inserts: sled's batches take
+/// its transaction path, measured slower for this).
+struct Writer<'a> {
+    trees: &'a Trees,
+}
+
+impl<'a> Writer<'a> {
+    fn new(trees: &'a Trees) -> Self {
+        Self { trees }
+    }
+
+    fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Vec<u8>) -> Result<(), sled::Error> {
+        if let Some(t) = self.trees.by_id(tree) {
+            t.insert(key, value)?;
+        }
+        Ok(())
     }
 }
 
 enum ReadFailure {
     Io(String),
     Corrupt(String),
-    Sink(String),
 }
 
-/// The header of the file at `path`, after its magic.
-fn read_header(r: &mut impl Read) -> Result<(SnapshotInfo, u64), ReadFailure> {
+impl ReadFailure {
+    fn text(&self) -> String {
+        match self {
+            Self::Io(d) | Self::Corrupt(d) => d.clone(),
+        }
+    }
+}
+
+/// The header of the file, after its magic, and the header's end.
+fn read_header(r: &mut impl Read) -> Result<(SnapshotInfo, u64, u64), ReadFailure> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)
         .map_err(|e| ReadFailure::Io(e.to_string()))?;
@@ -713,94 +913,152 @@ fn read_header(r: &mut impl Read) -> Result<(SnapshotInfo, u64), ReadFailure> {
     let mut header = vec![0u8; len as usize];
     r.read_exact(&mut header)
         .map_err(|e| ReadFailure::Io(e.to_string()))?;
-    let info = serde_json::from_slice::<Value>(&header)
-        .ok()
+    let v = serde_json::from_slice::<Value>(&header).ok();
+    let info = v
         .as_ref()
         .and_then(SnapshotInfo::from_json)
         .ok_or_else(|| ReadFailure::Corrupt("its header is not a snapshot header".into()))?;
-    Ok((info, 12 + u64::from(len)))
+    let state_records = v
+        .as_ref()
+        .and_then(|v| v.get("state_records")?.as_u64())
+        .ok_or_else(|| ReadFailure::Corrupt("its header has no state_records".into()))?;
+    Ok((info, state_records, 12 + u64::from(len)))
 }
 
-/// Call `sink` with every record of the file at `path`, in order, checking
-/// each decodes (not the digest: see [`verify`]).
-fn read_records(
-    path: &Path,
-    sink: &mut dyn FnMut(TreeId, &[u8], &[u8]) -> Result<(), String>,
-) -> Result<SnapshotInfo, ReadFailure> {
-    let file = File::open(path).map_err(|e| ReadFailure::Io(e.to_string()))?;
-    let total = file
-        .metadata()
-        .map_err(|e| ReadFailure::Io(e.to_string()))?
-        .len();
-    let mut r = BufReader::with_capacity(1 << 20, file);
-    let (info, start) = read_header(&mut r)?;
-    let mut body = total
-        .checked_sub(start + 32)
-        .ok_or_else(|| ReadFailure::Corrupt("shorter than its header and digest".into()))?;
-    // Records are decoded a chunk at a time; a record is never split.
-    let mut buf: Vec<u8> = Vec::with_capacity(4 << 20);
-    let mut chunk = vec![0u8; 4 << 20];
-    while body > 0 || !buf.is_empty() {
-        if body > 0 {
-            let want = usize::try_from(body.min(chunk.len() as u64)).unwrap_or(chunk.len());
-            r.read_exact(&mut chunk[..want])
-                .map_err(|e| ReadFailure::Io(e.to_string()))?;
-            buf.extend_from_slice(&chunk[..want]);
-            body -= want as u64;
-        }
-        let mut used = 0;
-        let mut rest = &buf[..];
-        while let Some(n) = whole_record(rest) {
-            let one = &rest[..n];
-            match decode_ops(one).next() {
-                Some(Ok(Op::Put { tree, key, value })) => {
-                    sink(tree, key, value).map_err(ReadFailure::Sink)?;
-                }
-                _ => return Err(ReadFailure::Corrupt("a record does not decode".into())),
-            }
-            used += n;
-            rest = &rest[n..];
-        }
-        buf.drain(..used);
-        if body == 0 && !buf.is_empty() {
-            return Err(ReadFailure::Corrupt("its last record is cut".into()));
-        }
+/// Reads a snapshot's records one by one, from the first or from a given
+/// position, up to the digest.
+struct RecordReader {
+    r: BufReader<File>,
+    /// The header, and how many state records lead the file.
+    info: SnapshotInfo,
+    state_records: u64,
+    /// Where the next record starts.
+    at: u64,
+    /// Where the last one read started.
+    last: u64,
+    end: u64,
+}
+
+impl RecordReader {
+    fn open(file: File) -> Result<Self, ReadFailure> {
+        Self::open_at(file, 0)
     }
-    Ok(info)
+
+    /// At byte `from` (0: the first record).
+    fn open_at(mut file: File, from: u64) -> Result<Self, ReadFailure> {
+        use std::io::Seek;
+        let total = file
+            .metadata()
+            .map_err(|e| ReadFailure::Io(e.to_string()))?
+            .len();
+        file.seek(std::io::SeekFrom::Start(0))
+            .map_err(|e| ReadFailure::Io(e.to_string()))?;
+        let mut r = BufReader::with_capacity(1 << 20, file);
+        let (info, state_records, start) = read_header(&mut r)?;
+        let end = total
+            .checked_sub(32)
+            .filter(|e| *e >= start)
+            .ok_or_else(|| ReadFailure::Corrupt("shorter than its header and digest".into()))?;
+        let at = from.max(start);
+        r.seek(std::io::SeekFrom::Start(at))
+            .map_err(|e| ReadFailure::Io(e.to_string()))?;
+        Ok(Self {
+            r,
+            info,
+            state_records,
+            at,
+            last: at,
+            end,
+        })
+    }
+
+    fn position_of_last(&self) -> u64 {
+        self.last
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn next(&mut self) -> Result<Option<(TreeId, Vec<u8>, Vec<u8>)>, ReadFailure> {
+        if self.at >= self.end {
+            return Ok(None);
+        }
+        let cut = || ReadFailure::Corrupt("a record is cut".into());
+        let io = |e: std::io::Error| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                cut()
+            } else {
+                ReadFailure::Io(e.to_string())
+            }
+        };
+        let mut head = [0u8; 9];
+        self.r.read_exact(&mut head).map_err(io)?;
+        let tree = TreeId(u32::from_be_bytes([head[0], head[1], head[2], head[3]]));
+        if head[4] != 1 {
+            return Err(ReadFailure::Corrupt("a record is not a put".into()));
+        }
+        let klen = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+        let left = self.end - self.at;
+        if u64::from(klen) + 13 > left {
+            return Err(cut());
+        }
+        let mut key = vec![0u8; klen as usize];
+        self.r.read_exact(&mut key).map_err(io)?;
+        let mut vlen = [0u8; 4];
+        self.r.read_exact(&mut vlen).map_err(io)?;
+        let vlen = u32::from_be_bytes(vlen);
+        let n = 13 + u64::from(klen) + u64::from(vlen);
+        if n > left {
+            return Err(cut());
+        }
+        let mut value = vec![0u8; vlen as usize];
+        self.r.read_exact(&mut value).map_err(io)?;
+        self.last = self.at;
+        self.at += n;
+        Ok(Some((tree, key, value)))
+    }
 }
 
-/// The length of the put op at the start of `b`, if all of it is there.
-fn whole_record(b: &[u8]) -> Option<usize> {
-    let u32_at = |i: usize| {
-        b.get(i..i + 4)
-            .and_then(|s| <[u8; 4]>::try_from(s).ok())
-            .map(u32::from_be_bytes)
-    };
-    let klen = u32_at(5)? as usize;
-    let vlen = u32_at(9 + klen)? as usize;
-    let n = 13 + klen + vlen;
-    (b.len() >= n).then_some(n)
+/// A checked snapshot: its header and how many state records lead it.
+struct Checked {
+    info: SnapshotInfo,
+    state_records: u64,
 }
 
-/// Check the snapshot at `path` whole before anything is changed: its
-/// digest, its header against the store (`partitions`) and `topic`, and
-/// that every key belongs to its partition.
+/// Check the snapshot at `path` before anything is changed: its digest,
+/// its header against the store (`partitions`) and `topic`, and that every
+/// key of its state belongs to its partition (the history's are checked as
+/// they are written).
 pub fn verify(path: &Path, topic: &str, partitions: u32) -> Result<SnapshotInfo, SnapshotError> {
     let shown = path.display().to_string();
-    let io = |detail: String| SnapshotError::Io {
+    let file = File::open(path).map_err(|e| SnapshotError::Io {
         path: shown.clone(),
+        detail: e.to_string(),
+    })?;
+    verify_file(file, &shown, topic, partitions).map(|c| c.info)
+}
+
+fn verify_file(
+    mut file: File,
+    shown: &str,
+    topic: &str,
+    partitions: u32,
+) -> Result<Checked, SnapshotError> {
+    let io = |detail: String| SnapshotError::Io {
+        path: shown.to_owned(),
         detail,
     };
     let corrupt = |detail: String| SnapshotError::Corrupt {
-        path: shown.clone(),
+        path: shown.to_owned(),
         detail,
     };
     let mismatch = |detail: String| SnapshotError::Mismatch {
-        path: shown.clone(),
+        path: shown.to_owned(),
         detail,
     };
+    let failure = |e: ReadFailure| match e {
+        ReadFailure::Io(d) => io(d),
+        ReadFailure::Corrupt(d) => corrupt(d),
+    };
     // The digest first: SHA-256 of everything before the last 32 bytes.
-    let mut file = File::open(path).map_err(|e| io(e.to_string()))?;
     let total = file.metadata().map_err(|e| io(e.to_string()))?.len();
     let body = total
         .checked_sub(32)
@@ -823,13 +1081,8 @@ pub fn verify(path: &Path, topic: &str, partitions: u32) -> Result<SnapshotInfo,
             "its SHA-256 does not match (cut or changed)".into(),
         ));
     }
-    let (info, _) = read_header(&mut BufReader::new(
-        File::open(path).map_err(|e| io(e.to_string()))?,
-    ))
-    .map_err(|e| match e {
-        ReadFailure::Io(d) => io(d),
-        ReadFailure::Corrupt(d) | ReadFailure::Sink(d) => corrupt(d),
-    })?;
+    let mut records = RecordReader::open(file).map_err(failure)?;
+    let (info, state_records) = (records.info.clone(), records.state_records);
     if info.format != SNAPSHOT_FORMAT {
         return Err(mismatch(format!(
             "format {} (this build reads {SNAPSHOT_FORMAT})",
@@ -855,30 +1108,30 @@ pub fn verify(path: &Path, topic: &str, partitions: u32) -> Result<SnapshotInfo,
             info.topic
         )));
     }
-    // Every key is one of the partition's: grants first (token owners
-    // belong only if the partition holds their grant).
+    // Every state key is one of the partition's: grants first (token
+    // owners belong only if the partition holds their grant).
     let mut grants = Vec::new();
     let p = info.partition;
-    let mut strays = 0u64;
-    let mut check = |tree: TreeId, key: &[u8], _: &[u8]| {
+    for _ in 0..state_records {
+        let Some((tree, key, _)) = records.next().map_err(failure)? else {
+            return Err(corrupt(format!(
+                "it has fewer than the {state_records} state records its header says"
+            )));
+        };
         if tree == TreeId::partition(p) && key.first() == Some(&keys::GRANT) {
-            grants.extend(keys::seq_of_event_key(key));
+            grants.extend(keys::seq_of_event_key(&key));
         }
-        if !belongs(tree, key, topic, p, &grants) {
-            strays += 1;
+        if !belongs(tree, &key, topic, p, &grants) {
+            return Err(corrupt(format!(
+                "a key of tree {:#x} does not belong to partition {p}",
+                tree.0
+            )));
         }
-        Ok(())
-    };
-    read_records(path, &mut check).map_err(|e| match e {
-        ReadFailure::Io(d) => io(d),
-        ReadFailure::Corrupt(d) | ReadFailure::Sink(d) => corrupt(d),
-    })?;
-    if strays > 0 {
-        return Err(corrupt(format!(
-            "{strays} keys do not belong to partition {p}"
-        )));
     }
-    Ok(info)
+    Ok(Checked {
+        info,
+        state_records,
+    })
 }
 
 #[cfg(test)]
@@ -939,7 +1192,7 @@ mod tests {
             };
             db.open_tree("meta")
                 .unwrap()
-                .insert(loading_key(1), &b"tw"[..])
+                .insert(marker_key(LOADING_PREFIX, 1), &b"tw"[..])
                 .unwrap();
             db.flush().unwrap();
         }
@@ -951,9 +1204,77 @@ mod tests {
             .unwrap()
             .is_none());
         // Partition 0 is untouched, and the marker is gone.
+        assert!(store.history_complete(1));
         assert_eq!(store.source_offset(&Source::new("tw", 0)).unwrap(), Some(0));
         assert_eq!(store.partition_infos().unwrap()[0].head, 1);
-        assert!(store.trees.meta.get(loading_key(1)).unwrap().is_none());
+        assert!(store
+            .trees
+            .meta
+            .get(marker_key(LOADING_PREFIX, 1))
+            .unwrap()
+            .is_none());
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn while_a_backfill_writes_history_only_current_state_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreConfig {
+                partitions: Some(1),
+                ..StoreConfig::default()
+            },
+        )
+        .unwrap();
+        let twin = TwinId::new("t").unwrap();
+        store
+            .register_grant(FencingToken(3), Scope::Twin(twin.clone()), "w".into())
+            .await
+            .unwrap();
+        for i in 0..3 {
+            let mut patch = serde_json::Map::new();
+            patch.insert("i".into(), i.into());
+            store
+                .append(
+                    twin.clone(),
+                    FencingToken(3),
+                    vec![NewEvent {
+                        event_id: format!("e{i}"),
+                        event_type: "t".into(),
+                        patch,
+                        hlc: None,
+                    }],
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        // As a load leaves it: history through seq 2 not written yet.
+        store.backfill[0].store(2, Ordering::Release);
+        let loading = |r| matches!(r, Err(crate::ReadError::HistoryLoading { through: 2, .. }));
+        assert!(loading(store.twin_events(&twin, 0, 10).map(drop)));
+        assert!(loading(store.twin_events(&twin, 1, 10).map(drop)));
+        assert!(loading(
+            store.partition_events(PartitionId(0), 0, 10).map(drop)
+        ));
+        assert!(loading(store.twin(&twin, crate::AsOf::Seq(1)).map(drop)));
+        // After the snapshot's head, and the current state: served.
+        assert_eq!(store.twin_events(&twin, 2, 10).unwrap().len(), 1);
+        assert_eq!(
+            store
+                .twin(&twin, crate::AsOf::Latest)
+                .unwrap()
+                .unwrap()
+                .version,
+            3
+        );
+        assert!(store
+            .write_partition_snapshot(0, "tw", dir.path())
+            .unwrap()
+            .is_none());
+        store.backfill[0].store(0, Ordering::Release);
+        assert_eq!(store.twin_events(&twin, 0, 10).unwrap().len(), 3);
         store.close().await;
     }
 }

@@ -132,6 +132,11 @@ impl Store {
             return Ok(None);
         }
         let tree = self.tree(partition)?;
+        match at {
+            AsOf::Seq(s) if s < rec.version => self.history_ready(partition, s)?,
+            AsOf::Hlc(_) => self.history_ready(partition, rec.version)?,
+            _ => {}
+        }
         let past;
         let (version, state) = match at {
             AsOf::Latest => (rec.version, &rec.state),
@@ -271,7 +276,9 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Event>, ReadError> {
-        let tree = self.tree(self.partition_of(twin))?;
+        let p = self.partition_of(twin);
+        self.history_ready(p, after.saturating_add(1))?;
+        let tree = self.tree(p)?;
         self.twin_history(tree, twin, after, u64::MAX)?
             .take(limit)
             .collect()
@@ -289,6 +296,7 @@ impl Store {
         if after >= head {
             return Ok(Vec::new());
         }
+        self.history_ready(p, after + 1)?;
         let from = after + 1;
         // The batch holding `from` may start before it.
         let start = match tree.range(keys::event(0)..=keys::event(from)).next_back() {

@@ -114,6 +114,14 @@ pub struct Store {
     /// Lease and refusal audit trail and token owners (`audit.rs`).
     audit: crate::AuditLog,
     path: PathBuf,
+    /// Per partition: 0, or the head of a loaded partition snapshot whose
+    /// older history a background thread is still writing (`handoff.rs`):
+    /// reads of history at or below it are refused until then.
+    pub(crate) backfill: Vec<AtomicU64>,
+    /// Those threads (joined by `close`).
+    pub(crate) backfills: Mutex<Vec<JoinHandle<()>>>,
+    /// `close` began: background writers stop.
+    pub(crate) closing: std::sync::atomic::AtomicBool,
 }
 
 const FORMAT_KEY: &[u8] = b"format";
@@ -360,6 +368,9 @@ impl Store {
             renewal_tails: Mutex::default(),
             audit,
             path: path.to_owned(),
+            backfill: (0..partitions).map(|_| AtomicU64::new(0)).collect(),
+            backfills: Mutex::default(),
+            closing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1046,6 +1057,21 @@ impl Store {
     /// within `CLOSE_TIMEOUT`, it returns anyway; nothing acknowledged
     /// depends on that checkpoint (the log holds it).
     pub async fn close(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::Release);
+        let backfills = std::mem::take(
+            &mut *self
+                .backfills
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        // They stop within one batch of records.
+        let _ = tokio::task::spawn_blocking(move || {
+            for h in backfills {
+                let _ = h.join();
+            }
+        })
+        .await;
         let _ = self.send(Command::Stop);
         let sequencer = self
             .sequencer

@@ -140,6 +140,15 @@ async fn same_twins(a: &Arc<Store>, b: &Arc<Store>, p: u32) {
     }
 }
 
+/// Until the load's background history backfill is done.
+async fn backfilled(store: &Store, p: u32) {
+    let started = std::time::Instant::now();
+    while !store.history_complete(p) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(120));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 fn snapshot_of(store: &Store, p: u32, dir: &Path) -> handoff::SnapshotSummary {
     store
         .write_partition_snapshot(p, TOPIC, dir)
@@ -186,8 +195,9 @@ async fn a_loaded_snapshot_and_its_tail_equal_the_whole_log() {
         Some(s.info.offset),
         "a node resumes after the snapshot's offset"
     );
-    // The tail only.
+    // The tail only (applied while the history is written behind).
     apply(&b, p, &whole[cut..]).await;
+    backfilled(&b, p).await;
     same_twins(&a, &b, p).await;
     assert_eq!(
         a.partition_infos().unwrap()[p as usize],
@@ -251,6 +261,7 @@ async fn a_newer_snapshot_replaces_an_older_copy_of_the_partition() {
     apply(&a, p, &whole).await;
     let s = snapshot_of(&a, p, snaps.path());
     b.load_partition_snapshot(&s.path, TOPIC).await.unwrap();
+    backfilled(&b, p).await;
     same_twins(&a, &b, p).await;
     assert_eq!(
         b.source_offset(&Source::new(TOPIC, p)).unwrap(),
@@ -320,4 +331,134 @@ async fn a_damaged_or_foreign_snapshot_changes_nothing() {
     a.close().await;
     b.close().await;
     c.close().await;
+}
+
+/// Apply `n` one-event records of source partition 0 (100 twins) the way
+/// the cluster consumer does: enqueued in order, completions awaited behind.
+async fn fill(store: &Store, from: u64, n: u64) {
+    let mut inflight = std::collections::VecDeque::new();
+    for o in from..from + n {
+        let t = TwinId::new(format!("m-{}", o % 100)).unwrap();
+        let r = IngestRecord::Append {
+            twin: t,
+            token: FencingToken(1 + o % 100),
+            events: vec![NewEvent {
+                event_id: format!("e{o}"),
+                event_type: "reading".into(),
+                patch: serde_json::json!({ "n": o, "v": o % 97 })
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+                hlc: None,
+            }],
+            if_match: None,
+            effects: Vec::new(),
+        };
+        inflight.push_back(
+            store
+                .enqueue_ingest(&Source::new(TOPIC, 0), o, r)
+                .await
+                .unwrap(),
+        );
+        if inflight.len() >= 4096 {
+            let o = inflight.pop_front().unwrap().await.unwrap().unwrap();
+            assert!(matches!(o, IngestOutcome::Applied(_)), "{o:?}");
+        }
+    }
+    for rx in inflight {
+        let o = rx.await.unwrap().unwrap();
+        assert!(matches!(o, IngestOutcome::Applied(_)), "{o:?}");
+    }
+}
+
+/// Measurement, not a check (ignored; run by hand, release build): the
+/// rebuild part of a handoff, on real sled, against the partition's length.
+/// Without a snapshot a new owner applies the whole log through the commit
+/// path (fenced rounds, one `fdatasync` each); with one it loads the
+/// snapshot and applies only the tail. Figures in `docs/scaling.md`,
+/// "Handoff with and without snapshots":
+///
+/// ```text
+/// PALISADE_HANDOFF_EVENTS=10000,100000,1000000 \
+///   cargo test --release -p palisade-log --test handoff rebuild_time -- --ignored --nocapture
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for docs/scaling.md, run by hand in release"]
+async fn rebuild_time_against_log_length() {
+    let lengths: Vec<u64> = std::env::var("PALISADE_HANDOFF_EVENTS").map_or_else(
+        |_| vec![10_000, 100_000],
+        |v| v.split(',').map(|x| x.trim().parse().unwrap()).collect(),
+    );
+    let one = || StoreConfig {
+        partitions: Some(1),
+        ..StoreConfig::default()
+    };
+    let grants = |s: Arc<Store>| async move {
+        for i in 0..100u64 {
+            let t = TwinId::new(format!("m-{i}")).unwrap();
+            s.register_grant(FencingToken(1 + i), Scope::Twin(t), "w".into())
+                .await
+                .unwrap();
+        }
+    };
+    println!(
+        "load average before: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!("| events | replay (s) | snapshot write (s) | snapshot MB | load until serving (s) | history backfilled (s) | replay / load |");
+    println!("|---|---|---|---|---|---|---|");
+    for n in lengths {
+        let (da, db, dc, snaps) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        // The owner: applies the log, writes the snapshot.
+        let a = Arc::new(Store::open(da.path(), one()).unwrap());
+        grants(a.clone()).await;
+        fill(&a, 0, n).await;
+        let s = a
+            .write_partition_snapshot(0, TOPIC, snaps.path())
+            .unwrap()
+            .unwrap();
+        // A new owner without a snapshot: the whole log.
+        let b = Arc::new(Store::open(db.path(), one()).unwrap());
+        let started = std::time::Instant::now();
+        grants(b.clone()).await;
+        fill(&b, 0, n).await;
+        let replay = started.elapsed();
+        // A new owner with one.
+        let c = Arc::new(Store::open(dc.path(), one()).unwrap());
+        let started = std::time::Instant::now();
+        c.load_partition_snapshot(&s.path, TOPIC).await.unwrap();
+        let load = started.elapsed();
+        backfilled(&c, 0).await;
+        let backfill = started.elapsed();
+        assert_eq!(
+            c.partition_infos().unwrap()[0].head,
+            b.partition_infos().unwrap()[0].head
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let mb = s.bytes as f64 / 1e6;
+        println!(
+            "| {n} | {:.2} | {:.2} | {mb:.1} | {:.3} | {:.2} | {:.0} |",
+            replay.as_secs_f64(),
+            s.took.as_secs_f64(),
+            load.as_secs_f64(),
+            backfill.as_secs_f64(),
+            replay.as_secs_f64() / load.as_secs_f64()
+        );
+        for st in [a, b, c] {
+            st.close().await;
+        }
+    }
+    println!(
+        "load average after: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
 }
