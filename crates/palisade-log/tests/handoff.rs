@@ -372,7 +372,9 @@ async fn fill(store: &Store, from: u64, n: u64) {
 }
 
 /// Measurement, not a check (ignored; run by hand, release build): the
-/// rebuild part of a handoff, on real sled, against the partition's length.
+/// rebuild part of a handoff, on real sled, against the partition's length
+/// (the end-to-end handoff, with Kafka, is `tests/cluster/13_handoff_time.rs`,
+/// limited by the mock broker to short logs).
 /// Without a snapshot a new owner applies the whole log through the commit
 /// path (fenced rounds, one `fdatasync` each); with one it loads the
 /// snapshot and applies only the tail. Figures in `docs/scaling.md`,
