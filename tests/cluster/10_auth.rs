@@ -93,6 +93,19 @@ async fn call(
     token: Option<u64>,
     body: Option<&Value>,
 ) -> (u16, Value) {
+    call_if_match(method, base, path, key, token, body, None).await
+}
+
+/// [`call`] with an `If-Match: "<version>"` header.
+async fn call_if_match(
+    method: &str,
+    base: &str,
+    path: &str,
+    key: Option<&str>,
+    token: Option<u64>,
+    body: Option<&Value>,
+    if_match: Option<u64>,
+) -> (u16, Value) {
     let c = client();
     let started = Instant::now();
     loop {
@@ -105,6 +118,9 @@ async fn call(
             }
             if let Some(t) = token {
                 req = req.header("fencing-token", t.to_string());
+            }
+            if let Some(v) = if_match {
+                req = req.header("if-match", format!("\"{v}\""));
             }
             if let Some(b) = body {
                 req = req.json(b);
@@ -156,11 +172,13 @@ async fn produce_signed(topic: &str, twin: &str, token: u64, principal: &str, ke
     let signature = palisade_kafka::sign::sign(
         &palisade_kafka::sign::signing_key(key),
         principal,
-        twin.as_bytes(),
-        token_text.as_bytes(),
-        json.as_bytes(),
-        b"",
-        value.as_bytes(),
+        &palisade_kafka::sign::Signed {
+            twin: twin.as_bytes(),
+            token: token_text.as_bytes(),
+            content_type: json.as_bytes(),
+            value: value.as_bytes(),
+            ..Default::default()
+        },
     );
     let headers = OwnedHeaders::new()
         .insert(Header {
@@ -291,6 +309,7 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     );
 
     // Its token writes through every node, with its key.
+    let mut version = 0;
     for (i, n) in nodes.iter().enumerate() {
         let id = format!("a-http-{i}");
         let (status, body) = call(
@@ -303,7 +322,36 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         )
         .await;
         assert_eq!(status, 201, "worker-a through {}: {body}", n.id);
+        version = body["version"].as_u64().unwrap();
     }
+    // If-Match travels signed (palisade-if-match is in the signature): the
+    // applying node verifies it, and decides on the version.
+    let (status, body) = call_if_match(
+        "POST",
+        &nodes[2].base,
+        "/v1/twins/part-1/events",
+        Some(&keys["worker-a"]),
+        Some(token_a),
+        Some(&event("a-if-match", 7)),
+        Some(version),
+    )
+    .await;
+    assert_eq!(status, 201, "If-Match with the current version: {body}");
+    let (status, body) = call_if_match(
+        "POST",
+        &nodes[1].base,
+        "/v1/twins/part-1/events",
+        Some(&keys["worker-a"]),
+        Some(token_a),
+        Some(&event("a-if-match-stale", 8)),
+        Some(version),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (412, Some("version_mismatch")),
+        "{body}"
+    );
     // Another principal's key with it, or no key: refused on every node.
     for n in &nodes {
         let (status, body) = call(
@@ -420,10 +468,17 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         "k-a-own",
     )
     .await;
-    let ids = event_ids(&nodes[0].base, &keys["ops"], "part-1", 5).await;
+    let ids = event_ids(&nodes[0].base, &keys["ops"], "part-1", 6).await;
     assert_eq!(
         ids,
-        ["a-http-0", "a-http-1", "a-http-2", "a-sdk", "k-a-own"],
+        [
+            "a-http-0",
+            "a-http-1",
+            "a-http-2",
+            "a-if-match",
+            "a-sdk",
+            "k-a-own"
+        ],
         "part-1's history"
     );
     let seen = states(&nodes[1].base, &keys["ops"]).await;
@@ -480,10 +535,17 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         ..cluster
     }
     .start_with("solo", dir.path(), &sec);
-    let ids = event_ids(&solo.base, &keys["ops"], "part-1", 5).await;
+    let ids = event_ids(&solo.base, &keys["ops"], "part-1", 6).await;
     assert_eq!(
         ids,
-        ["a-http-0", "a-http-1", "a-http-2", "a-sdk", "k-a-own"]
+        [
+            "a-http-0",
+            "a-http-1",
+            "a-http-2",
+            "a-if-match",
+            "a-sdk",
+            "k-a-own"
+        ]
     );
     assert_eq!(
         states(&solo.base, &keys["ops"]).await,

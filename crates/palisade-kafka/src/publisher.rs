@@ -127,11 +127,14 @@ impl Publisher {
                 let sig = crate::sign::sign(
                     key,
                     principal,
-                    twin.as_str().as_bytes(),
-                    token.as_bytes(),
-                    content_type.as_bytes(),
-                    hlc.as_bytes(),
-                    value,
+                    &crate::sign::Signed {
+                        twin: twin.as_str().as_bytes(),
+                        token: token.as_bytes(),
+                        content_type: content_type.as_bytes(),
+                        hlc: hlc.as_bytes(),
+                        value,
+                        if_match: None,
+                    },
                 );
                 headers
                     .insert(Header {

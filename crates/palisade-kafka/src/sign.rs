@@ -51,21 +51,43 @@ fn header<'a>(raw: &RawRecord<'a>, name: &str) -> Option<&'a [u8]> {
         .and_then(|(_, v)| *v)
 }
 
+/// The parts of a record a signature covers, besides the principal.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Signed<'a> {
+    /// The record's key.
+    pub twin: &'a [u8],
+    /// The `fencing-token` header.
+    pub token: &'a [u8],
+    /// The `content-type` header.
+    pub content_type: &'a [u8],
+    /// The `hlc` header.
+    pub hlc: &'a [u8],
+    pub value: &'a [u8],
+    /// The `palisade-if-match` header a cluster node puts on an HTTP
+    /// append with `If-Match`: covered when the record has it (so it can be
+    /// neither stripped nor added), left out when it has none (so every
+    /// other record signs as before).
+    pub if_match: Option<&'a [u8]>,
+}
+
 /// What is signed: a context string, then the principal, the key (twin
 /// id), the `fencing-token`, `content-type` and `hlc` headers and the value,
-/// each as a big-endian u32 length and its bytes (absent = empty). The
-/// partition and offset are not signed: the producer does not choose them.
-pub fn signed_bytes(
-    principal: &[u8],
-    key: &[u8],
-    token: &[u8],
-    content_type: &[u8],
-    hlc: &[u8],
-    value: &[u8],
-) -> Vec<u8> {
-    let parts = [CONTEXT, principal, key, token, content_type, hlc, value];
-    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len() + 4).sum());
-    for p in parts {
+/// each as a big-endian u32 length and its bytes (absent = empty), then,
+/// only if the record has one, the `palisade-if-match` header the same way.
+/// The partition and offset are not signed: the producer does not choose
+/// them.
+pub fn signed_bytes(principal: &[u8], parts: &Signed<'_>) -> Vec<u8> {
+    let fields = [
+        CONTEXT,
+        principal,
+        parts.twin,
+        parts.token,
+        parts.content_type,
+        parts.hlc,
+        parts.value,
+    ];
+    let mut out = Vec::with_capacity(fields.iter().map(|p| p.len() + 4).sum::<usize>() + 24);
+    for p in fields.into_iter().chain(parts.if_match) {
         out.extend_from_slice(&u32::try_from(p.len()).unwrap_or(u32::MAX).to_be_bytes());
         out.extend_from_slice(p);
     }
@@ -78,24 +100,9 @@ fn mac(key: &[u8; 32]) -> Hmac<Sha256> {
 }
 
 /// The signature header's value for these record parts.
-pub fn sign(
-    key: &[u8; 32],
-    principal: &str,
-    twin: &[u8],
-    token: &[u8],
-    content_type: &[u8],
-    hlc: &[u8],
-    value: &[u8],
-) -> String {
+pub fn sign(key: &[u8; 32], principal: &str, parts: &Signed<'_>) -> String {
     let mut m = mac(key);
-    m.update(&signed_bytes(
-        principal.as_bytes(),
-        twin,
-        token,
-        content_type,
-        hlc,
-        value,
-    ));
+    m.update(&signed_bytes(principal.as_bytes(), parts));
     m.finalize()
         .into_bytes()
         .iter()
@@ -146,11 +153,14 @@ pub fn verify(raw: &RawRecord<'_>, principal: &str, key: &[u8; 32]) -> Result<()
     let mut m = mac(key);
     m.update(&signed_bytes(
         principal.as_bytes(),
-        raw.key.unwrap_or_default(),
-        header(raw, TOKEN_HEADER).unwrap_or_default(),
-        header(raw, CONTENT_TYPE_HEADER).unwrap_or_default(),
-        header(raw, HLC_HEADER).unwrap_or_default(),
-        raw.value.unwrap_or_default(),
+        &Signed {
+            twin: raw.key.unwrap_or_default(),
+            token: header(raw, TOKEN_HEADER).unwrap_or_default(),
+            content_type: header(raw, CONTENT_TYPE_HEADER).unwrap_or_default(),
+            hlc: header(raw, HLC_HEADER).unwrap_or_default(),
+            value: raw.value.unwrap_or_default(),
+            if_match: header(raw, crate::cluster::IF_MATCH_HEADER),
+        },
     ));
     m.verify_slice(&sig).map_err(|_| {
         refuse(
@@ -238,15 +248,14 @@ mod tests {
     #[test]
     fn a_signed_record_verifies_and_any_change_breaks_it() {
         let key = signing_key("psk_secret");
-        let sig = sign(
-            &key,
-            "worker-a",
-            b"pump-7",
-            b"12",
-            b"application/json",
-            b"",
-            b"{}",
-        );
+        let parts = Signed {
+            twin: b"pump-7",
+            token: b"12",
+            content_type: b"application/json",
+            value: b"{}",
+            ..Signed::default()
+        };
+        let sig = sign(&key, "worker-a", &parts);
         let h =
             |p: &'static str, s: &str, t: &'static [u8]| -> Vec<(&'static str, Option<Vec<u8>>)> {
                 vec![
@@ -276,13 +285,49 @@ mod tests {
         .is_err());
         let e = check(&h("worker-a", "zz", b"12"), b"{}", "worker-a", &key).unwrap_err();
         assert_eq!(e.reason, "unauthenticated");
+        // A palisade-if-match header added to a record signed without it:
+        // refused. Signed with it: verifies, and stripping it is refused.
+        let with_if_match = |sig: &str, v: Option<&'static [u8]>| {
+            let mut hs = h("worker-a", sig, b"12");
+            if let Some(v) = v {
+                hs.push((crate::cluster::IF_MATCH_HEADER, Some(v.to_vec())));
+            }
+            check(&hs, b"{}", "worker-a", &key)
+        };
+        assert!(with_if_match(&sig, Some(b"3")).is_err());
+        let sig3 = sign(
+            &key,
+            "worker-a",
+            &Signed {
+                if_match: Some(b"3"),
+                ..parts
+            },
+        );
+        assert!(with_if_match(&sig3, Some(b"3")).is_ok());
+        assert!(with_if_match(&sig3, None).is_err());
+        assert!(with_if_match(&sig3, Some(b"4")).is_err());
     }
 
     #[test]
     fn fields_cannot_slide_into_each_other() {
+        let twin = |t: &'static [u8]| Signed {
+            twin: t,
+            ..Signed::default()
+        };
         assert_ne!(
-            signed_bytes(b"ab", b"c", b"", b"", b"", b""),
-            signed_bytes(b"a", b"bc", b"", b"", b"", b"")
+            signed_bytes(b"ab", &twin(b"c")),
+            signed_bytes(b"a", &twin(b"bc"))
+        );
+        // No if-match and an empty one differ.
+        assert_ne!(
+            signed_bytes(b"a", &Signed::default()),
+            signed_bytes(
+                b"a",
+                &Signed {
+                    if_match: Some(b""),
+                    ..Signed::default()
+                }
+            )
         );
     }
 }

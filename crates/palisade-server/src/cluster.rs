@@ -470,26 +470,31 @@ impl Node {
         // Authentication on: the record is signed as the principal the
         // HTTP layer authenticated, so the applying node (and every node
         // replaying the log) checks its grants and the token's owner again.
+        let if_match_text = if_match.map(|v| v.to_string());
         if let (Some(auth), Some(p)) = (self.auth.get(), principal.as_deref()) {
             let Some(id) = auth.identity(p) else {
                 return Err(AppendError::BadEvent(format!("no principal named {p:?}")));
             };
+            // The If-Match header is signed too: nobody can strip or add it.
             let signature = palisade_kafka::sign::sign(
                 &id.key_sha256(),
                 p,
-                twin.as_bytes(),
-                token_text.as_bytes(),
-                palisade_kafka::decode::JSON.as_bytes(),
-                b"",
-                &value,
+                &palisade_kafka::sign::Signed {
+                    twin: twin.as_bytes(),
+                    token: token_text.as_bytes(),
+                    content_type: palisade_kafka::decode::JSON.as_bytes(),
+                    hlc: b"",
+                    value: &value,
+                    if_match: if_match_text.as_deref().map(str::as_bytes),
+                },
             );
             headers.push((palisade_kafka::sign::PRINCIPAL_HEADER, p.to_owned()));
             headers.push((palisade_kafka::sign::SIGNATURE_HEADER, signature));
         }
         // Checked by whoever applies the record, against the twin's version
         // at its place in the log (a 412 comes back through the outcome).
-        if let Some(v) = if_match {
-            headers.push((IF_MATCH_HEADER, v.to_string()));
+        if let Some(v) = if_match_text {
+            headers.push((IF_MATCH_HEADER, v));
         }
         let started = std::time::Instant::now();
         let offset = self
