@@ -34,6 +34,7 @@ pub(crate) struct Node {
     extra: Vec<String>,
 }
 
+#[derive(Clone)]
 pub(crate) struct Cluster {
     pub(crate) topic: String,
     pub(crate) group: String,
@@ -73,6 +74,25 @@ impl Cluster {
     /// [`Self::start`] with more `palisade serve` arguments (kept for
     /// restarts).
     pub(crate) fn start_with(&self, id: &str, dir: &Path, extra: &[&str]) -> Node {
+        self.try_start_with(id, dir, extra)
+            .unwrap_or_else(|log| panic!("node {id} did not start: {log}"))
+    }
+
+    /// (Re)start node `n`'s process with its more arguments.
+    pub(crate) fn launch(&self, n: &mut Node) {
+        if let Err(log) = self.try_launch(n) {
+            panic!("node {} did not start; log:\n{log}", n.id);
+        }
+    }
+
+    /// [`Self::start_with`] for a node that may refuse to start: its log
+    /// if it exits before listening.
+    pub(crate) fn try_start_with(
+        &self,
+        id: &str,
+        dir: &Path,
+        extra: &[&str],
+    ) -> Result<Node, String> {
         let mut n = Node {
             id: id.to_owned(),
             data: dir.join(id),
@@ -81,12 +101,12 @@ impl Cluster {
             base: String::new(),
             extra: extra.iter().map(|&a| a.to_owned()).collect(),
         };
-        self.launch(&mut n);
-        n
+        self.try_launch(&mut n).map(|()| n)
     }
 
-    /// (Re)start node `n`'s process with its more arguments.
-    pub(crate) fn launch(&self, n: &mut Node) {
+    /// (Re)start node `n`'s process: `Err(its log)` if it exits before it
+    /// listens.
+    fn try_launch(&self, n: &mut Node) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -123,18 +143,14 @@ impl Cluster {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        n.base = line
-            .trim()
-            .strip_prefix("palisade listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "node {}: unexpected first line {line:?}; log:\n{}",
-                    n.id,
-                    read(&n.log)
-                )
-            })
-            .to_owned();
+        let Some(base) = line.trim().strip_prefix("palisade listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("first line {line:?}; log:\n{}", read(&n.log)));
+        };
+        n.base = base.to_owned();
         n.child = Some(child);
+        Ok(())
     }
 }
 

@@ -271,6 +271,26 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         .collect();
     assert!(nodes.iter().all(|n| n.base.starts_with("https://")));
 
+    // A node whose security file differs from the running nodes' refuses
+    // to start, naming the node it differs from.
+    let other_dir = dir.path().join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let (other_security, _) = security_file(&other_dir);
+    let mut other = sec.to_vec();
+    other[1] = other_security.to_str().unwrap();
+    match cluster.try_start_with("n-other", dir.path(), &other) {
+        Ok(_) => panic!("a node with another security file started"),
+        Err(log) => assert!(
+            log.contains("needs the same --security file") && log.contains("node n"),
+            "{log}"
+        ),
+    }
+    // Told it is a rolling change of the file, it starts (and warns). Its
+    // clean stop takes its member record out of etcd at once.
+    other.push("--cluster-security-change");
+    let mut changing = cluster.start_with("n-other", dir.path(), &other);
+    changing.terminate();
+
     // The cluster-wide view, through any node, asks the others with the
     // caller's key over HTTPS: every partition served, none unreachable.
     let started = Instant::now();
@@ -483,9 +503,18 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
     );
     let seen = states(&nodes[1].base, &keys["ops"]).await;
 
+    // A member that owns no partition: n3 joins the cluster's etcd
+    // registry but consumes as another group, so every owner lease it
+    // wants is held by n0..n2.
+    let mut idle = Cluster {
+        group: format!("{topic}-idle"),
+        ..cluster.clone()
+    }
+    .start_with("n3", dir.path(), &sec);
+
     // Every node's audit log through one node, with the caller's key: the
     // grant audited by node 0 and the stolen-token refusals audited by
-    // part-1's owner are both there.
+    // part-1's owner are both there, and n3, which owns nothing, answers too.
     let (status, _) = call("GET", &nodes[2].base, "/v1/cluster/audit", None, None, None).await;
     assert_eq!(status, 401);
     let (status, body) = call(
@@ -504,8 +533,9 @@ async fn principals_tokens_and_leases_are_checked_alike_on_every_node() {
         .map(|n| n["node"].as_str().unwrap())
         .collect();
     names.sort_unstable();
-    assert_eq!(names, ["n0", "n1", "n2"], "{body}");
+    assert_eq!(names, ["n0", "n1", "n2", "n3"], "{body}");
     assert!(sections.iter().all(|n| n["status"] == "ok"), "{body}");
+    idle.kill();
     let has = |node: &str, f: &dyn Fn(&Value) -> bool| {
         sections
             .iter()

@@ -154,3 +154,60 @@ impl OwnerLeases for EtcdAuthority {
         Box::pin(self.owner_value(partition))
     }
 }
+
+/// Cluster members (`<prefix>nodes/<node>`): each node's record, on an etcd
+/// lease of its own kept alive while it runs, so the key goes when the node
+/// does. The cluster-wide views ask every member, not only the owners of a
+/// partition, and a node starting checks its settings against the others'.
+impl EtcdAuthority {
+    fn member_key(&self, node: &str) -> String {
+        format!("{}nodes/{node}", self.cfg.prefix)
+    }
+
+    /// Every live member's record: (node, value).
+    pub async fn members(&self) -> Result<Vec<(String, Vec<u8>)>, ClusterError> {
+        let prefix = format!("{}nodes/", self.cfg.prefix);
+        let got = self
+            .client
+            .clone()
+            .get(
+                prefix.clone(),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(etcd("read members"))?;
+        Ok(got
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = std::str::from_utf8(kv.key()).ok()?;
+                Some((key.strip_prefix(&prefix)?.to_owned(), kv.value().to_vec()))
+            })
+            .collect())
+    }
+
+    /// Put `node`'s record on a new lease of `ttl`: the lease, for
+    /// [`OwnerLeases::keep_alive`] and [`OwnerLeases::revoke`].
+    pub async fn register_member(
+        &self,
+        node: &str,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<OwnerLeaseId, ClusterError> {
+        let mut c = self.client.clone();
+        let ttl_s = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let lease = c.lease_grant(ttl_s, None).await.map_err(etcd("grant"))?;
+        if let Err(e) = c
+            .put(
+                self.member_key(node),
+                value,
+                Some(PutOptions::new().with_lease(lease.id())),
+            )
+            .await
+        {
+            let _ = c.lease_revoke(lease.id()).await;
+            return Err(etcd("register member")(e));
+        }
+        Ok(OwnerLeaseId(lease.id()))
+    }
+}

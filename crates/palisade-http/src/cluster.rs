@@ -57,6 +57,11 @@ pub trait ClusterRouting: Send + Sync + Debug {
     /// Every partition's owner as etcd names it, by partition (`None`: no
     /// node holds its owner lease); `Err` if etcd cannot be read.
     fn owners(&self, partitions: u32) -> BoxFuture<'_, Result<Vec<Option<Peer>>, String>>;
+    /// Every live node of the cluster, owner of a partition or not (the
+    /// nodes registered in etcd); none known by default.
+    fn members(&self) -> BoxFuture<'_, Result<Vec<Peer>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     /// `GET path_and_query` on `peer` with the caller's `authorization`
     /// (the peer checks the caller itself), bounded in time: its `200`
     /// body, or why not (no answer in time, another status, not JSON).

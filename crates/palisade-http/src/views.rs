@@ -234,9 +234,10 @@ pub(crate) async fn dead_letters(
 }
 
 /// Every node's audit page after its cursor (`GET /v1/cluster/audit`):
-/// the nodes that own a partition, and this one; each asked at once with
-/// the caller's key, bounded in time; one that does not answer is listed
-/// `unreachable`.
+/// every live member of the cluster (registered in etcd, owner of a
+/// partition or not), the owners of partitions, and this one; each asked at
+/// once with the caller's key, bounded in time; one that does not answer is
+/// listed `unreachable`.
 pub(crate) async fn audits(
     c: &dyn ClusterRouting,
     store: &Arc<Store>,
@@ -249,10 +250,12 @@ pub(crate) async fn audits(
         .owners(store.partitions())
         .await
         .map_err(|e| owners_unavailable(&e))?;
+    let members = c.members().await.map_err(|e| owners_unavailable(&e))?;
     let me = c.node();
     let mut peers: BTreeMap<String, Option<Peer>> = owners
         .into_iter()
         .flatten()
+        .chain(members)
         .filter(|p| p.node != me)
         .map(|p| (p.node.clone(), Some(p)))
         .collect();

@@ -33,6 +33,7 @@ use palisade_log::{
     Store,
 };
 use reqwest::header::HeaderValue;
+use sha2::Digest;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
@@ -183,7 +184,24 @@ pub struct Node {
     /// Asks other nodes for their own views (cluster-wide views), each
     /// request bounded by [`VIEW_WAIT`].
     peers: OnceLock<reqwest::Client>,
+    /// etcd's member registry (`<prefix>nodes/<node>`); unset in the
+    /// tests' fakes.
+    registry: OnceLock<Arc<EtcdAuthority>>,
+    /// The lease of this node's member record, while registered.
+    member_lease: Mutex<Option<OwnerLeaseId>>,
 }
+
+/// A member's record in etcd (`<prefix>nodes/<node>`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct MemberValue {
+    node: String,
+    url: String,
+    /// SHA-256 (hex) of the node's `--security` file; `None`: auth off.
+    security_sha256: Option<String>,
+}
+
+/// A member's record lives this long without its node renewing it.
+const MEMBER_TTL: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -220,6 +238,7 @@ impl Node {
     ) -> anyhow::Result<Arc<Self>> {
         let log = KafkaLog::new(brokers, &config.kafka_topic, &config.kafka_settings)
             .context("kafka producer")?;
+        let etcd_members = etcd.clone();
         let node = Self::new(
             id.to_owned(),
             store.clone(),
@@ -234,6 +253,7 @@ impl Node {
             let _ = node.url.set(u.clone());
         }
         let _ = node.peers.set(peers_client(config)?);
+        let _ = node.registry.set(etcd_members);
         store.route_appends(node.clone())?;
         info!(node = %node.id, "cluster mode");
         Ok(node)
@@ -258,7 +278,121 @@ impl Node {
             outcomes: Mutex::new(Outcomes::new(OUTCOMES_KEPT)),
             handled: watch::channel(0).0,
             peers: OnceLock::new(),
+            registry: OnceLock::new(),
+            member_lease: Mutex::new(None),
         })
+    }
+
+    /// Leave the member registry (a clean shutdown): the record goes at
+    /// once instead of when its lease expires.
+    pub async fn leave(&self) {
+        let lease = lock(&self.member_lease).take();
+        if let (Some(etcd), Some(lease)) = (self.registry.get(), lease) {
+            if let Err(e) = etcd.revoke(lease).await {
+                warn!(node = %self.id, error = %e, "cluster: this node's member record stays until its lease expires");
+            }
+        }
+    }
+
+    /// Join the cluster's member registry, once this node's URL is known:
+    /// refuse to start if a live member runs with another security file
+    /// (every node must decide who may do what alike; `allow_change`: warn
+    /// only, for a rolling change of the file), then register this node and
+    /// keep its record alive while it runs.
+    pub async fn join(
+        self: &Arc<Self>,
+        security_file: Option<&std::path::Path>,
+        allow_change: bool,
+    ) -> anyhow::Result<()> {
+        let Some(etcd) = self.registry.get().cloned() else {
+            return Ok(());
+        };
+        let security_sha256 = match security_file {
+            Some(path) => {
+                let bytes =
+                    std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                Some(
+                    sha2::Sha256::digest(&bytes)
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>(),
+                )
+            }
+            None => None,
+        };
+        let members = etcd
+            .members()
+            .await
+            .context("reading the cluster's members from etcd")?;
+        for (node, value) in members {
+            if node == self.id {
+                // This node's record from before a restart.
+                continue;
+            }
+            let Ok(other) = serde_json::from_slice::<MemberValue>(&value) else {
+                continue;
+            };
+            if other.security_sha256 != security_sha256 {
+                let shown = |h: &Option<String>| {
+                    h.as_deref().map_or_else(
+                        || "no --security file (authentication off)".to_owned(),
+                        |h| format!("a --security file with SHA-256 {h}"),
+                    )
+                };
+                let problem = format!(
+                    "node {node} of this cluster runs with {}, this node with {}: every node of a cluster needs the same --security file (docs/security.md, \"Cluster mode\")",
+                    shown(&other.security_sha256),
+                    shown(&security_sha256)
+                );
+                if !allow_change {
+                    anyhow::bail!("{problem}; not starting (--cluster-security-change starts anyway, for a rolling change of the file)");
+                }
+                warn!("{problem}; starting anyway (--cluster-security-change): restart every node with the new file");
+            }
+        }
+        let value = serde_json::to_vec(&MemberValue {
+            node: self.id.clone(),
+            url: self.url(),
+            security_sha256,
+        })?;
+        let lease = etcd
+            .register_member(&self.id, value.clone(), MEMBER_TTL)
+            .await
+            .context("registering this node with the cluster in etcd")?;
+        *lock(&self.member_lease) = Some(lease);
+        let (me, id) = (Arc::downgrade(self), self.id.clone());
+        self.runtime.spawn(async move {
+            let mut lease = lease;
+            loop {
+                let kept = match etcd.keep_alive(lease).await {
+                    Ok(mut k) => loop {
+                        tokio::time::sleep(MEMBER_TTL / 3).await;
+                        let Some(node) = me.upgrade() else { return };
+                        if lock(&node.member_lease).is_none() {
+                            // Left the registry.
+                            return;
+                        }
+                        if let Err(e) = k.renew().await {
+                            break e.to_string();
+                        }
+                    },
+                    Err(e) => e.to_string(),
+                };
+                warn!(node = %id, error = %kept, "cluster: this node's member record lapsed; registering again");
+                tokio::time::sleep(MEMBER_TTL / 3).await;
+                match etcd.register_member(&id, value.clone(), MEMBER_TTL).await {
+                    Ok(l) => {
+                        lease = l;
+                        match me.upgrade() {
+                            Some(node) => *lock(&node.member_lease) = Some(l),
+                            None => return,
+                        }
+                    }
+                    Err(e) => warn!(node = %id, error = %e, "cluster: registering this node again failed"),
+                }
+            }
+        });
+        Ok(())
     }
 
     /// The URL others reach this node at (default: `scheme://` + listen
@@ -735,6 +869,23 @@ impl ClusterRouting for Node {
                 owners[p as usize] = owner?;
             }
             Ok(owners)
+        })
+    }
+
+    fn members(&self) -> BoxFuture<'_, Result<Vec<Peer>, String>> {
+        Box::pin(async move {
+            let Some(etcd) = self.registry.get() else {
+                return Ok(Vec::new());
+            };
+            let members = etcd.members().await.map_err(|e| e.to_string())?;
+            Ok(members
+                .into_iter()
+                .filter_map(|(_, v)| serde_json::from_slice::<MemberValue>(&v).ok())
+                .map(|m| Peer {
+                    node: m.node,
+                    url: m.url,
+                })
+                .collect())
         })
     }
 

@@ -183,6 +183,11 @@ pub struct ServeConfig {
     /// certificate or one signed by the roots in it).
     #[arg(long, env = "PALISADE_CLUSTER_CA_FILE", value_name = "FILE")]
     pub cluster_ca_file: Option<PathBuf>,
+    /// Cluster mode: start even if other nodes run with another --security
+    /// file (a node refuses to by default: nodes would decide differently).
+    /// For a rolling change of the file: restart each node with it.
+    #[arg(long, env = "PALISADE_CLUSTER_SECURITY_CHANGE")]
+    pub cluster_security_change: bool,
     /// Cluster mode: a folder every node reaches (a shared volume) for
     /// partition snapshots. The owner of a partition writes one there every
     /// --partition-snapshot-interval-ms; a node that gains the partition

@@ -52,6 +52,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     if let Some(n) = &node {
         n.set_listen_addr(security.scheme(), addr);
+        n.join(config.security.as_deref(), config.cluster_security_change)
+            .await?;
     }
     let sweeper = {
         let store = store.clone();
@@ -159,6 +161,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             .and_then(|r| r.map_err(anyhow::Error::from)),
         None => Ok(()),
     };
+    if let Some(n) = &node {
+        n.leave().await;
+    }
     info!("shutting down: flushing partitions");
     store.close().await;
     ingest_result.context("kafka ingestion failed")
