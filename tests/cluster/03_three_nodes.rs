@@ -294,6 +294,30 @@ pub(crate) async fn twin(nodes: &[&Node], twin: &str, what: &str) -> Value {
     }
 }
 
+/// A one-hour lease on each twin (holder `w-<twin>`), granted through
+/// `node`: twin -> (token, lease id).
+pub(crate) async fn lease_twins(node: &Node, twins: &[String]) -> BTreeMap<String, (u64, String)> {
+    let mut out = BTreeMap::new();
+    for t in twins {
+        let r = http()
+            .post(format!("{}/v1/leases", node.base))
+            .json(&json!({"scope": format!("twin/{t}"), "holder": format!("w-{t}"), "ttl_ms": 3_600_000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+        let v: Value = r.json().await.unwrap();
+        out.insert(
+            t.clone(),
+            (
+                v["token"].as_u64().unwrap(),
+                v["lease_id"].as_str().unwrap().to_owned(),
+            ),
+        );
+    }
+    out
+}
+
 /// `key=value` fields of the log lines containing `needle`.
 fn log_fields(log: &str, needle: &str) -> Vec<(String, HashMap<String, String>)> {
     log.lines()
@@ -328,18 +352,11 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
 
     // One twin lease per twin, granted by etcd through node 0; the grant
     // reaches the owner through the partition's log.
-    let mut tokens = BTreeMap::new();
-    for t in &twins {
-        let r = http()
-            .post(format!("{}/v1/leases", nodes[0].base))
-            .json(&json!({"scope": format!("twin/{t}"), "holder": format!("w-{t}"), "ttl_ms": 3_600_000}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 201);
-        let v: Value = r.json().await.unwrap();
-        tokens.insert(t.clone(), v["token"].as_u64().unwrap());
-    }
+    let tokens: BTreeMap<String, u64> = lease_twins(&nodes[0], &twins)
+        .await
+        .into_iter()
+        .map(|(t, (token, _))| (t, token))
+        .collect();
     // Acknowledged events: twin -> (event id -> key written).
     let mut acked: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     let mut r = 0u32;

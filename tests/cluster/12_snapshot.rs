@@ -26,10 +26,11 @@ use serde_json::{json, Value};
 
 use crate::broker::PARTITIONS;
 use crate::etcd::Etcd;
-use crate::three_nodes::{append_acked, http, read, twin, Cluster, Node, STEP};
+use crate::three_nodes::{append_acked, http, lease_twins, read, twin, Cluster, Node, STEP};
 
-/// A metric's value summed over its label sets, from `node`'s `/metrics`.
-async fn metric(node: &Node, name: &str) -> f64 {
+/// A metric's value summed over its label sets, from `node`'s `/metrics`
+/// (0 if the node does not answer or has none).
+pub(crate) async fn metric(node: &Node, name: &str) -> f64 {
     let Ok(r) = http().get(format!("{}/metrics", node.base)).send().await else {
         return 0.0;
     };
@@ -37,7 +38,7 @@ async fn metric(node: &Node, name: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 /// The snapshots in the shared folder: partition -> newest offset.
@@ -88,20 +89,8 @@ async fn a_handoff_loads_the_snapshot_replays_the_tail_and_equals_a_full_replay_
     let mut a = cluster.start_with("a", dir.path(), &with_snapshots);
 
     let twins: Vec<String> = (0..16).map(|i| format!("sn-{i}")).collect();
-    let mut tokens = BTreeMap::new();
-    let mut lease_ids = BTreeMap::new();
-    for t in &twins {
-        let r = http()
-            .post(format!("{}/v1/leases", a.base))
-            .json(&json!({"scope": format!("twin/{t}"), "holder": format!("w-{t}"), "ttl_ms": 3_600_000}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 201);
-        let v: Value = r.json().await.unwrap();
-        tokens.insert(t.clone(), v["token"].as_u64().unwrap());
-        lease_ids.insert(t.clone(), v["lease_id"].as_str().unwrap().to_owned());
-    }
+    let leases = lease_twins(&a, &twins).await;
+    let tokens: BTreeMap<&String, u64> = leases.iter().map(|(t, (k, _))| (t, *k)).collect();
     for r in 0..6 {
         for t in &twins {
             append_acked(
@@ -211,7 +200,7 @@ async fn a_handoff_loads_the_snapshot_replays_the_tail_and_equals_a_full_replay_
     // The worker lets its lease go and another takes one: the old token is
     // refused from then on.
     let released = http()
-        .delete(format!("{}/v1/leases/{}", b.base, lease_ids[t0]))
+        .delete(format!("{}/v1/leases/{}", b.base, leases[t0].1))
         .send()
         .await
         .unwrap();

@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 
 use crate::broker::{broker, unique};
 use crate::etcd::Etcd;
-use crate::three_nodes::{append_acked, http, read, Cluster, Node};
+use crate::three_nodes::{append_acked, http, lease_twins, read, Cluster, Node};
 
 const TWINS: usize = 100;
 
@@ -46,21 +46,6 @@ async fn local_head(node: &Node) -> u64 {
     };
     let v: Value = r.json().await.unwrap_or(Value::Null);
     v["partitions"][0]["head"].as_u64().unwrap_or(0)
-}
-
-async fn gauge(node: &Node, name: &str) -> f64 {
-    let text = http()
-        .get(format!("{}/metrics", node.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |a, b| a + b)
 }
 
 struct Row {
@@ -96,17 +81,9 @@ async fn one(etcd: &Etcd, events: usize, snapshots: bool) -> Row {
         Vec::new()
     };
     let mut a = cluster.start_with("a", dir.path(), &args);
-    let mut tokens = Vec::new();
-    for t in 0..TWINS {
-        let r = http()
-            .post(format!("{}/v1/leases", a.base))
-            .json(&json!({"scope": format!("twin/h-{t}"), "holder": "w", "ttl_ms": 3_600_000}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 201);
-        tokens.push(r.json::<Value>().await.unwrap()["token"].as_u64().unwrap());
-    }
+    let names: Vec<String> = (0..TWINS).map(|t| format!("h-{t}")).collect();
+    let leases = lease_twins(&a, &names).await;
+    let tokens: Vec<u64> = names.iter().map(|t| leases[t].0).collect();
     let producer = broker().raw_producer();
     let mut last_offset = 0i64;
     for chunk in (0..events).collect::<Vec<_>>().chunks(20_000) {
@@ -196,7 +173,7 @@ async fn one(etcd: &Etcd, events: usize, snapshots: bool) -> Row {
     )
     .await;
     let serving = t0.elapsed();
-    let load_s = gauge(&b, "palisade_partition_snapshot_load_seconds").await;
+    let load_s = crate::snapshot::metric(&b, "palisade_partition_snapshot_load_seconds").await;
     Row {
         events,
         snapshots,

@@ -149,6 +149,31 @@ async fn backfilled(store: &Store, p: u32) {
     }
 }
 
+/// A (the partition's owner), B (the node that gains it), each in a
+/// folder of its own, and the shared snapshot folder.
+struct Stores {
+    a: Arc<Store>,
+    b: Arc<Store>,
+    snaps: tempfile::TempDir,
+    db: tempfile::TempDir,
+    _da: tempfile::TempDir,
+}
+
+fn stores() -> Stores {
+    let (da, db, snaps) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    Stores {
+        a: Arc::new(Store::open(da.path(), cfg()).unwrap()),
+        b: Arc::new(Store::open(db.path(), cfg()).unwrap()),
+        snaps,
+        db,
+        _da: da,
+    }
+}
+
 fn snapshot_of(store: &Store, p: u32, dir: &Path) -> handoff::SnapshotSummary {
     store
         .write_partition_snapshot(p, TOPIC, dir)
@@ -158,13 +183,13 @@ fn snapshot_of(store: &Store, p: u32, dir: &Path) -> handoff::SnapshotSummary {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loaded_snapshot_and_its_tail_equal_the_whole_log() {
-    let (da, db, snaps) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let a = Arc::new(Store::open(da.path(), cfg()).unwrap());
-    let b = Arc::new(Store::open(db.path(), cfg()).unwrap());
+    let Stores {
+        a,
+        b,
+        snaps,
+        db,
+        _da,
+    } = stores();
     let p = 0;
     let whole = log(p, 150);
     let cut = whole.len() * 2 / 3;
@@ -247,13 +272,13 @@ async fn a_loaded_snapshot_and_its_tail_equal_the_whole_log() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_snapshot_replaces_an_older_copy_of_the_partition() {
-    let (da, db, snaps) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let a = Arc::new(Store::open(da.path(), cfg()).unwrap());
-    let b = Arc::new(Store::open(db.path(), cfg()).unwrap());
+    let Stores {
+        a,
+        b,
+        snaps,
+        db: _db,
+        _da,
+    } = stores();
     let p = 1;
     let whole = log(p, 40);
     // B owned p once and stopped early; A went on.
@@ -273,13 +298,13 @@ async fn a_newer_snapshot_replaces_an_older_copy_of_the_partition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_or_foreign_snapshot_changes_nothing() {
-    let (da, db, snaps) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let a = Arc::new(Store::open(da.path(), cfg()).unwrap());
-    let b = Arc::new(Store::open(db.path(), cfg()).unwrap());
+    let Stores {
+        a,
+        b,
+        snaps,
+        db: _db,
+        _da,
+    } = stores();
     let p = 0;
     apply(&a, p, &log(p, 5)).await;
     apply(&b, p, &log(p, 2)).await;
