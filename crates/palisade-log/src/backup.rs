@@ -311,6 +311,14 @@ impl Store {
         &self,
         out: &mut dyn FnMut(u8, &[u8]) -> std::io::Result<()>,
     ) -> Result<BackupSummary, BackupError> {
+        // A partition loaded from a partition snapshot whose older history
+        // is still being written (cluster mode, handoff.rs): a copy now
+        // would miss it.
+        if let Some(p) = (0..self.partitions).find(|p| !self.history_complete(*p)) {
+            return Err(BackupError::Refused(format!(
+                "partition {p}'s history is still being written from a partition snapshot; take the backup once it is (palisade_partition_snapshot_backfill_seconds appears when it is done)"
+            )));
+        }
         let (paused_tx, paused_rx) = mpsc::channel();
         let (resume_tx, resume_rx) = mpsc::channel();
         self.send(Command::Pause {

@@ -1273,6 +1273,12 @@ mod tests {
             .write_partition_snapshot(0, "tw", dir.path())
             .unwrap()
             .is_none());
+        // Nor a backup: it would miss the history not written yet.
+        let backup = store.backup(&mut |_, _| Ok(()));
+        assert!(
+            matches!(backup, Err(crate::backup::BackupError::Refused(_))),
+            "{backup:?}"
+        );
         store.backfill[0].store(0, Ordering::Release);
         assert_eq!(store.twin_events(&twin, 0, 10).unwrap().len(), 3);
         store.close().await;
