@@ -467,6 +467,38 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
     // fencing token. Whoever applies it must refuse it (stale_owner).
     let late_p =
         palisade::core::partition_for(&palisade::core::TwinId::new("tw-0").unwrap(), PARTITIONS).0;
+    // The partition must have had a former owner: with sticky assignment it
+    // may have stayed on a node the faults above spared. Restart its owner
+    // so it moves (to a higher owner token) whatever the assignment did.
+    let owner = {
+        let started = Instant::now();
+        loop {
+            let v: Value = http()
+                .get(format!("{}/v1/partitions", nodes[0].base))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let node = v["partitions"][late_p as usize]["cluster"]["node"]
+                .as_str()
+                .map(str::to_owned);
+            if let Some(n) = node.and_then(|n| nodes.iter().position(|x| x.id == n)) {
+                break n;
+            }
+            assert!(
+                started.elapsed() < STEP,
+                "tw-0's partition has no owner: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    nodes[owner].terminate();
+    let others: Vec<usize> = (0..3).filter(|j| *j != owner).collect();
+    round!(others);
+    cluster.launch(&mut nodes[owner]);
+    round!([0usize, 1, 2]);
     let first_owner = nodes
         .iter()
         .flat_map(|n| log_fields(&read(&n.log), "cluster: owner marker applied"))
@@ -474,6 +506,23 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
         .map(|(_, f)| f["owner_token"].parse::<u64>().unwrap())
         .min()
         .expect("tw-0's partition had an owner");
+    // The precondition of the check below: the partition's owner token now
+    // is above the one the late write claims.
+    let now_owner: Value = http()
+        .get(format!("{}/v1/partitions", nodes[0].base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let current = now_owner["partitions"][late_p as usize]["cluster"]["owner_token"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        first_owner < current,
+        "tw-0's partition never changed owner ({first_owner} -> {current}): {now_owner}"
+    );
     let late_offset = {
         use rdkafka::message::{Header, OwnedHeaders};
         let (t, o) = (tokens["tw-0"].to_string(), first_owner.to_string());
