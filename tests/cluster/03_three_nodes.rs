@@ -294,6 +294,18 @@ pub(crate) async fn twin(nodes: &[&Node], twin: &str, what: &str) -> Value {
     }
 }
 
+/// The cluster-wide `/v1/partitions` through `node`.
+async fn partitions(node: &Node) -> Value {
+    http()
+        .get(format!("{}/v1/partitions", node.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// A one-hour lease on each twin (holder `w-<twin>`), granted through
 /// `node`: twin -> (token, lease id).
 pub(crate) async fn lease_twins(node: &Node, twins: &[String]) -> BTreeMap<String, (u64, String)> {
@@ -473,14 +485,7 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
     let owner = {
         let started = Instant::now();
         loop {
-            let v: Value = http()
-                .get(format!("{}/v1/partitions", nodes[0].base))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v = partitions(&nodes[0]).await;
             let node = v["partitions"][late_p as usize]["cluster"]["node"]
                 .as_str()
                 .map(str::to_owned);
@@ -508,14 +513,7 @@ async fn three_nodes_kill_pause_restart_lose_nothing_and_converge_when_installed
         .expect("tw-0's partition had an owner");
     // The precondition of the check below: the partition's owner token now
     // is above the one the late write claims.
-    let now_owner: Value = http()
-        .get(format!("{}/v1/partitions", nodes[0].base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let now_owner = partitions(&nodes[0]).await;
     let current = now_owner["partitions"][late_p as usize]["cluster"]["owner_token"]
         .as_u64()
         .unwrap_or(0);

@@ -101,8 +101,9 @@ pub(crate) struct ClusterAuditQuery {
 }
 
 /// Every node's audit log, read through any node: the answering node asks
-/// each node that owns a partition (and itself) for its records after the
-/// cursor, with the caller's key. A node that does not answer is listed
+/// every node of the cluster (the members registered in etcd, and the
+/// owners of partitions) for its records after the cursor, with the
+/// caller's key. A node that does not answer is listed
 /// `unreachable`, never left out silently. On a single node: its own, as
 /// node `local`.
 #[utoipa::path(

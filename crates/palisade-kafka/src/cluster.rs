@@ -275,13 +275,7 @@ impl ConsumerContext for ClusterContext {
                         }
                     }
                     // After the offset (see `Chains`).
-                    let stored = self.store.forward_chains(&source).unwrap_or_default();
-                    let mut chains = self
-                        .chains
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    chains.retain(|(from, _), _| from != p);
-                    chains.extend(stored.into_iter().map(|(to, o)| ((*p, to), o)));
+                    reload_chains(&self.store, &self.chains, &source);
                     let _ = tpl.set_partition_offset(
                         &self.topic,
                         i32::try_from(*p).unwrap_or(0),
@@ -618,12 +612,7 @@ impl ClusterIngester {
                         // resumes; its owner fence and chains are re-read.
                         owner_fences.remove(&p);
                         let source = Source::new(cfg.topic.as_str(), p);
-                        let stored = store.forward_chains(&source).unwrap_or_default();
-                        {
-                            let mut chains = chains.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                            chains.retain(|(from, _), _| *from != p);
-                            chains.extend(stored.into_iter().map(|(to, o)| ((p, to), o)));
-                        }
+                        reload_chains(&store, &chains, &source);
                         let at = resume_after(store.source_offset(&source).ok().flatten());
                         if !resume_waited(&consumer, &cfg.topic, &waiting, p, load.wait, at) {
                             return Ok(());
@@ -871,19 +860,8 @@ fn admit_waited(
     wait: u64,
     answer: Admission,
 ) -> bool {
-    let from = {
-        let mut w = waiting
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match w.get(&p) {
-            Some((from, n)) if *n == wait => {
-                let from = *from;
-                w.remove(&p);
-                from
-            }
-            // Ended by a revoke or a new assignment meanwhile.
-            _ => return true,
-        }
+    let Some(from) = end_wait(waiting, p, wait) else {
+        return true;
     };
     match answer {
         Admission::Owned(_) => {
@@ -932,20 +910,39 @@ fn resume_waited(
     wait: u64,
     at: Offset,
 ) -> bool {
-    {
-        let mut w = waiting
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match w.get(&p) {
-            Some((_, n)) if *n == wait => {
-                w.remove(&p);
-            }
-            // Revoked or assigned again meanwhile (that assignment set the
-            // position itself).
-            _ => return true,
-        }
+    if end_wait(waiting, p, wait).is_none() {
+        return true;
     }
     resume_at(consumer, topic, p, at, "snapshot handled")
+}
+
+/// End p's wait number `wait` if it is still p's current one: the offset
+/// it waited at. `None`: ended meanwhile by a revoke or a new assignment
+/// (which set the position itself).
+fn end_wait(waiting: &Waiting, p: u32, wait: u64) -> Option<u64> {
+    let mut w = waiting
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match w.get(&p) {
+        Some((from, n)) if *n == wait => {
+            let from = *from;
+            w.remove(&p);
+            Some(from)
+        }
+        _ => None,
+    }
+}
+
+/// Load `source`'s forward chains from the store again (after its resume
+/// offset was read, see `Chains`).
+fn reload_chains(store: &Store, chains: &Chains, source: &Source) {
+    let stored = store.forward_chains(source).unwrap_or_default();
+    let p = source.partition;
+    let mut chains = chains
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    chains.retain(|(from, _), _| *from != p);
+    chains.extend(stored.into_iter().map(|(to, o)| ((p, to), o)));
 }
 
 /// Where a partition resumes after `stored`, the last offset handled.

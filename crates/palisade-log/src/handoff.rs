@@ -215,15 +215,22 @@ fn outside_prefixes(topic: &str, p: u32) -> Vec<(TreeId, Vec<u8>)> {
     ]
 }
 
-/// Whether a key of a snapshot of partition `p` of `topic` belongs to it.
-fn belongs(tree: TreeId, key: &[u8], topic: &str, p: u32, grants: &[u64]) -> bool {
+/// Whether a key of a snapshot of partition `p` belongs to it, given the
+/// partition's [`outside_prefixes`] and the tokens of its grants.
+fn belongs(
+    tree: TreeId,
+    key: &[u8],
+    p: u32,
+    outside: &[(TreeId, Vec<u8>)],
+    grants: &[u64],
+) -> bool {
     if tree == TreeId::partition(p) {
         return true;
     }
     if tree == TreeId::TOKEN_OWNERS {
         return <[u8; 8]>::try_from(key).is_ok_and(|t| grants.contains(&u64::from_be_bytes(t)));
     }
-    outside_prefixes(topic, p)
+    outside
         .iter()
         .any(|(t, prefix)| *t == tree && key.starts_with(prefix))
 }
@@ -764,7 +771,6 @@ impl Store {
         let mut r = RecordReader::open(file).map_err(|e| self.read_failure(p, e))?;
         let mut written = 0u64;
         let mut events = 0usize;
-        let mut w = Writer::new(&self.trees);
         while let Some((tree, key, value)) = r.next().map_err(|e| self.read_failure(p, e))? {
             let state = written < state_records;
             if !state {
@@ -776,7 +782,7 @@ impl Store {
                     .map_err(|e| self.read_failure(p, ReadFailure::Corrupt(e.to_string())))?;
                 events += b.events.len();
             }
-            w.put(tree, key, value)
+            put_record(&self.trees, tree, key, value)
                 .map_err(|e| self.storage_failure(p, e.to_string()))?;
             written += 1;
         }
@@ -804,13 +810,12 @@ impl Store {
         let started = Instant::now();
         let run = || -> Result<u64, String> {
             let mut r = RecordReader::open_at(file, from).map_err(|e| e.text())?;
-            let mut w = Writer::new(&self.trees);
             let mut n = 0u64;
             while let Some((tree, key, value)) = r.next().map_err(|e| e.text())? {
                 if tree != TreeId::partition(p) {
                     return Err(format!("a history record of tree {:#x}", tree.0));
                 }
-                w.put(tree, key, value).map_err(|e| e.to_string())?;
+                put_record(&self.trees, tree, key, value).map_err(|e| e.to_string())?;
                 n += 1;
                 if n.is_multiple_of(LOAD_BATCH as u64) && self.closing.load(Ordering::Acquire) {
                     return Err("the store is closing".into());
@@ -861,23 +866,18 @@ impl Store {
     }
 }
 
-/// Writes records straight into sled (plain inserts: sled's batches take
-/// its transaction path, measured slower for this).
-struct Writer<'a> {
-    trees: &'a Trees,
-}
-
-impl<'a> Writer<'a> {
-    fn new(trees: &'a Trees) -> Self {
-        Self { trees }
+/// Write one record straight into sled (a plain insert: sled's batches
+/// take its transaction path, measured slower for this).
+fn put_record(
+    trees: &Trees,
+    tree: TreeId,
+    key: Vec<u8>,
+    value: Vec<u8>,
+) -> Result<(), sled::Error> {
+    if let Some(t) = trees.by_id(tree) {
+        t.insert(key, value)?;
     }
-
-    fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Vec<u8>) -> Result<(), sled::Error> {
-        if let Some(t) = self.trees.by_id(tree) {
-            t.insert(key, value)?;
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 enum ReadFailure {
@@ -1112,6 +1112,7 @@ fn verify_file(
     // owners belong only if the partition holds their grant).
     let mut grants = Vec::new();
     let p = info.partition;
+    let outside = outside_prefixes(topic, p);
     for _ in 0..state_records {
         let Some((tree, key, _)) = records.next().map_err(failure)? else {
             return Err(corrupt(format!(
@@ -1121,7 +1122,7 @@ fn verify_file(
         if tree == TreeId::partition(p) && key.first() == Some(&keys::GRANT) {
             grants.extend(keys::seq_of_event_key(&key));
         }
-        if !belongs(tree, &key, topic, p, &grants) {
+        if !belongs(tree, &key, p, &outside, &grants) {
             return Err(corrupt(format!(
                 "a key of tree {:#x} does not belong to partition {p}",
                 tree.0
